@@ -1,0 +1,229 @@
+"""The contract between the auditor and a DP training implementation under audit.
+
+The auditor designates the task in a :class:`TrainingRequest`; the implementation trains with its own DP
+code and hands back a :class:`TrainedModel`: a black box from features to per-class log-probabilities,
+and its own :class:`PrivacyClaim`. Nothing else crosses back, and the auditor's secret membership bits
+never cross at all. This module is framework-free: it imports numpy only.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Mapping
+
+import numpy as np
+
+from dpverify._validation import check_choice, check_int, check_real
+
+Relation = Literal["add_remove", "replace_one"]
+Expected = Literal["private", "violation"]
+Detectability = Literal["D1", "D2", "D3", "D4"]
+
+RELATIONS: tuple[str, ...] = ("add_remove", "replace_one")
+DETECTABILITY_CLASSES: tuple[str, ...] = ("D1", "D2", "D3", "D4")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLPArchitecture:
+    """The designated model: ``d -> hidden_width -> C`` with one ReLU, randomly initialised by the trainer.
+
+    A wide two-layer ReLU network can memorise any labelling of m points (Zhang et al. 2017), which is
+    what lets uncorrelated canaries separate members from non-members.
+    """
+
+    hidden_width: int = 1000
+
+    def __post_init__(self) -> None:
+        check_int("hidden_width", self.hidden_width, low=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPHyperparameters:
+    """DP-SGD hyperparameters as the auditor designates them.
+
+    Exactly one of ``noise_multiplier`` (σ; 0 means non-private training) and ``target_epsilon`` (the
+    implementation calibrates σ with its own accountant) is given. Training takes
+    ``epochs * round(1 / sampling_rate)`` Poisson-sampled steps, see :attr:`steps`.
+    """
+
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    max_grad_norm: float = 1.0
+    sampling_rate: float = 0.1
+    epochs: int = 20
+    learning_rate: float = 0.5
+    delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "give exactly one of noise_multiplier and target_epsilon, got "
+                f"noise_multiplier={self.noise_multiplier!r}, target_epsilon={self.target_epsilon!r}"
+            )
+        if self.noise_multiplier is not None:
+            check_real("noise_multiplier", self.noise_multiplier, low=0.0)
+        if self.target_epsilon is not None:
+            check_real("target_epsilon", self.target_epsilon, low=0.0, low_open=True)
+        check_real("max_grad_norm", self.max_grad_norm, low=0.0, low_open=True)
+        check_real("sampling_rate", self.sampling_rate, low=0.0, high=1.0, low_open=True)
+        check_int("epochs", self.epochs, low=1)
+        check_real("learning_rate", self.learning_rate, low=0.0, low_open=True)
+        check_real("delta", self.delta, low=0.0, high=1.0, low_open=True, high_open=True)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, round(1.0 / self.sampling_rate))
+
+    @property
+    def steps(self) -> int:
+        """Number of DP-SGD steps every implementation must take (and account for)."""
+        return self.epochs * self.steps_per_epoch
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class TrainingRequest:
+    """What the auditor sends: canaries, the task, the architecture, hyperparameters, seed and device."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+    architecture: MLPArchitecture = field(default_factory=MLPArchitecture)
+    hyperparameters: DPHyperparameters
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        check_int("num_classes", self.num_classes, low=2)
+        check_int("seed", self.seed, low=0)
+        check_choice("device", self.device, ("cpu", "cuda"))
+        if self.features.ndim != 2 or self.features.dtype != np.float32:
+            raise ValueError(
+                f"features must be a 2-D float32 array, got shape {self.features.shape} dtype {self.features.dtype}"
+            )
+        if self.labels.shape != (self.features.shape[0],) or self.labels.dtype != np.int64:
+            raise ValueError(
+                f"labels must be an int64 array of shape ({self.features.shape[0]},), "
+                f"got shape {self.labels.shape} dtype {self.labels.dtype}"
+            )
+        if self.features.shape[0] and (self.labels.min() < 0 or self.labels.max() >= self.num_classes):
+            raise ValueError(f"labels must lie in [0, {self.num_classes - 1}]")
+
+    @property
+    def num_records(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def dimension(self) -> int:
+        return int(self.features.shape[1])
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyClaim:
+    """The ε an implementation states for the run it performed, from its own accountant.
+
+    ``noise_multiplier``, ``sampling_rate`` and ``steps`` are the numbers the accountant was given, so the
+    auditor can derive the same run's ε in another neighbouring relation. ``other_epsilons`` holds
+    further claims of the same run from other accountants (e.g. ``{"opacus.prv": 1.93}``).
+    """
+
+    epsilon: float
+    delta: float
+    accountant: str
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+    relation: Relation = "add_remove"
+    other_epsilons: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_real("epsilon", self.epsilon, low=0.0, allow_inf=True)
+        check_real("delta", self.delta, low=0.0, high=1.0, low_open=True, high_open=True)
+        check_real("noise_multiplier", self.noise_multiplier, low=0.0)
+        check_real("sampling_rate", self.sampling_rate, low=0.0, high=1.0, low_open=True)
+        check_int("steps", self.steps, low=1)
+        check_choice("relation", self.relation, RELATIONS)
+
+    @property
+    def is_private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class TrainedModel:
+    """What comes back: a black box and the claim. ``device`` is where training actually ran."""
+
+    predict_log_proba: Callable[[np.ndarray], np.ndarray]
+    claim: PrivacyClaim
+    device: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImplementationInfo:
+    """Who an implementation is and what to expect of it.
+
+    ``requires`` lists importable modules; when one is missing the implementation is skipped with a
+    reason naming ``extra`` (``pip install dpverify[<extra>]``). A buggy variant sets
+    ``expected="violation"``, the rule of the DP-SGD step it ``breaks``, its row in ``bugs.md`` and its
+    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit).
+    """
+
+    name: str
+    library: str
+    requires: tuple[str, ...] = ()
+    extra: str | None = None
+    expected: Expected = "private"
+    breaks: str | None = None
+    bug: int | None = None
+    detectability: Detectability | None = None
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ValueError(f"name must be non-empty letters, digits, '-', '_' or '.', got {self.name!r}")
+        check_choice("expected", self.expected, ("private", "violation"))
+        if self.expected == "violation":
+            if not self.breaks or self.detectability is None:
+                raise ValueError(f"buggy variant {self.name!r} must state the rule it breaks and its detectability")
+        if self.detectability is not None:
+            check_choice("detectability", self.detectability, DETECTABILITY_CLASSES)
+
+
+class Implementation(abc.ABC):
+    """A DP training implementation under audit.
+
+    Subclasses set :attr:`info` and implement :meth:`train`. Import heavy libraries inside ``train`` (or
+    lazily), never at module import: the registry loads every implementation to list it.
+    """
+
+    info: ImplementationInfo
+
+    @abc.abstractmethod
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        """Train with the implementation's own DP code on ``request`` and return the black box and claim."""
+
+    def library_version(self) -> str | None:
+        """Installed version of :attr:`ImplementationInfo.library`, or ``None`` when it is not installed."""
+        from importlib import metadata
+
+        try:
+            return metadata.version(self.info.library)
+        except metadata.PackageNotFoundError:
+            return None
+
+    def missing_requirements(self) -> tuple[str, ...]:
+        """Modules in ``info.requires`` that cannot be imported here."""
+        import importlib.util
+
+        return tuple(m for m in self.info.requires if importlib.util.find_spec(m) is None)
+
+    def unavailable_reason(self) -> str | None:
+        missing = self.missing_requirements()
+        if not missing:
+            return None
+        hint = f"pip install 'dpverify[{self.info.extra}]'" if self.info.extra else f"install {', '.join(missing)}"
+        return f"{self.info.name} needs {', '.join(missing)}, which is not installed: {hint}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.info.name!r}>"
