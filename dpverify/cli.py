@@ -1,2 +1,141 @@
-def main():
-    raise SystemExit("not yet")
+"""``dpverify``: audits, the registry and the bound from the command line, outside pytest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from dpverify import options
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpverify", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    audit = commands.add_parser("audit", help="audit registered implementations (the level is shared among them)")
+    audit.add_argument("names", nargs="*", help="implementation names or glob patterns (see `dpverify list`)")
+    audit.add_argument("--all", action="store_true", help="audit every registered, available implementation")
+    audit.add_argument("--profile", choices=options.PROFILE_CHOICES, default="quick")
+    audit.add_argument("--epsilon", type=float, default=2.0, help="target ε to calibrate to (inf: non-private)")
+    audit.add_argument("--design", choices=("inclusion", "pair"), default=None)
+    audit.add_argument("--m", type=int, default=None, help="number of canaries")
+    audit.add_argument("--epochs", type=int, default=None)
+    audit.add_argument("--confidence", type=float, default=0.95, help="confidence for all audits of this run together")
+    audit.add_argument("--seed", type=int, default=0)
+    audit.add_argument("--device", choices=options.DEVICE_CHOICES, default="auto")
+    audit.add_argument("--report", metavar="PATH", help="write the JSON report (the pytest plugin's shape)")
+    audit.add_argument("--plots", metavar="DIR", help="write per-audit PNG plots (needs matplotlib)")
+
+    commands.add_parser("list", help="registered implementations, their library versions and availability")
+
+    bound = commands.add_parser("bound", help="ε lower bound from counts (Steinke, Nasr & Jagielski 2023)")
+    bound.add_argument("--m", type=int, required=True, help="number of canaries")
+    bound.add_argument("--guesses", type=int, required=True)
+    bound.add_argument("--correct", type=int, required=True)
+    bound.add_argument("--delta", type=float, default=1e-5)
+    bound.add_argument("--confidence", type=float, default=0.95)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"audit": _audit, "list": _list, "bound": _bound}[args.command](args)
+    except ValueError as exc:
+        print(f"dpverify: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _bound(args: argparse.Namespace) -> int:
+    from dpverify.bounds import epsilon_lower_bound, optimal_epsilon
+
+    kwargs = dict(delta=args.delta, confidence=args.confidence)
+    epsilon = epsilon_lower_bound(args.m, args.guesses, args.correct, **kwargs)
+    print(f"epsilon_lower_bound = {epsilon:.6f}  (optimal for m={args.m}: {optimal_epsilon(args.m, **kwargs):.6f})")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from dpverify.registry import registered_implementations
+
+    for implementation in registered_implementations():
+        info = implementation.info
+        version = implementation.library_version() or "not installed"
+        reason = implementation.unavailable_reason()
+        expected = "private" if info.expected == "private" else f"buggy variant, {info.detectability}: {info.breaks}"
+        status = "available" if reason is None else f"unavailable ({reason})"
+        print(f"{info.name:32s} {info.library} {version:12s} {status}; {expected}")
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import fnmatch
+
+    from dpverify.audit import run_audit
+    from dpverify.config import profile_config
+    from dpverify.registry import registered_implementations
+    from dpverify.session import AuditSession, outcome_as_expected
+
+    if not args.names and not args.all:
+        raise ValueError("name at least one implementation (see `dpverify list`) or pass --all")
+    chosen = [
+        impl
+        for impl in registered_implementations()
+        if args.all or any(fnmatch.fnmatchcase(impl.info.name, pattern) for pattern in args.names)
+    ]
+    if not chosen:
+        raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
+    session = AuditSession(
+        enabled=True,
+        profile=args.profile,
+        confidence=args.confidence,
+        seed=args.seed,
+        device=args.device,
+        epsilon=args.epsilon,
+        implementations=tuple(args.names),
+        report_path=args.report,
+        plots_dir=args.plots,
+        planned_audits=len(chosen),
+    )
+    overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
+    print(session.header(), file=sys.stderr)
+    for index, implementation in enumerate(chosen, start=1):
+        reason = implementation.unavailable_reason()
+        if reason:
+            print(f"[{index}/{len(chosen)}] skipped: {reason}", file=sys.stderr)
+            continue
+        config = profile_config(
+            args.profile,
+            epsilon=args.epsilon,
+            device=args.device,
+            seed=session.audit_seed(implementation.info.name),
+            confidence=session.per_audit_confidence,
+            **overrides,
+        )
+        started = time.perf_counter()
+
+        def progress(stage: str, index: int = index) -> None:
+            print(f"[{index}/{len(chosen)}] {time.perf_counter() - started:6.1f}s {stage}", file=sys.stderr)
+
+        result = run_audit(implementation, config, progress=progress)
+        progress(f"{result.verdict}: ε_L = {result.epsilon_lower_bound:.3f}, claimed {result.claimed_epsilon:.3f}")
+        session.results.append(result.to_dict())
+        if args.plots:
+            from dpverify.plots import save_audit_plots
+
+            save_audit_plots(result, args.plots)
+    print("\n".join(session.summary_lines()))
+    if args.report:
+        session.write_report()
+        print(f"JSON report: {Path(args.report)}")
+    unexpected = [r for r in session.results if not outcome_as_expected(r)]
+    for r in unexpected:
+        print(f"unexpected: {r['implementation']} {r['verdict']}" + (f": {r['error']}" if r["error"] else ""))
+    return 1 if unexpected else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

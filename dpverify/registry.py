@@ -16,6 +16,7 @@ from dpverify.contract import Implementation
 ENTRY_POINT_GROUP = "dpverify.implementations"
 
 _registry: dict[str, Implementation] = {}
+_bundled: set[str] = set()
 _entry_points_loaded = False
 
 
@@ -61,6 +62,12 @@ def registered_implementations() -> list[Implementation]:
     return [_registry[name] for name in sorted(_registry)]
 
 
+def is_bundled(name: str) -> bool:
+    """True for implementations shipped with dpverify itself (the built-ins and their buggy variants)."""
+    _load_entry_points()
+    return name in _bundled
+
+
 def _load_entry_points() -> None:
     global _entry_points_loaded
     if _entry_points_loaded:
@@ -69,5 +76,8 @@ def _load_entry_points() -> None:
     for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         factory = entry_point.load()
         provided: Iterable[Implementation] = factory() if callable(factory) else factory
+        bundled = entry_point.dist is not None and entry_point.dist.name == "dpverify"
         for implementation in provided:
             register_implementation(implementation)
+            if bundled:
+                _bundled.add(implementation.info.name)

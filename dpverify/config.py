@@ -1,0 +1,141 @@
+"""What an audit designates, and the named profiles (quick / standard / paper) that fill it in."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dpverify._validation import check_choice, check_int, check_probability
+from dpverify.canaries import CanaryConfig
+from dpverify.contract import DPHyperparameters, MLPArchitecture
+from dpverify.scoring import SCORE_KINDS, GuessRule
+
+Design = Literal["inclusion", "pair"]
+DESIGNS: tuple[str, ...] = ("inclusion", "pair")
+ESTIMATORS: tuple[str, ...] = ("steinke", "fdp")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+DESIGN_RELATION = {"inclusion": "add_remove", "pair": "replace_one"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditConfig:
+    """Everything one audit designates; the implementation sees only the canaries and the training part.
+
+    ``design="inclusion"``: each canary joins the training set with probability ½ (bits drawn before
+    training), which tests the *add/remove* ε that libraries report. ``design="pair"`` (UniAud
+    Algorithm 2): train on every canary and draw the bits afterwards, which tests *replace-one* ε; the claim
+    is then converted to replace-one from the run's (σ, q, steps, δ). ``confidence`` is this audit's own.
+    """
+
+    canaries: CanaryConfig = field(default_factory=CanaryConfig)
+    architecture: MLPArchitecture = field(default_factory=MLPArchitecture)
+    hyperparameters: DPHyperparameters = field(default_factory=lambda: DPHyperparameters(target_epsilon=2.0))
+    design: Design = "inclusion"
+    score: str = "self_comparison"
+    guess_rule: GuessRule = field(default_factory=GuessRule)
+    estimator: str = "steinke"
+    confidence: float = 0.95
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_choice("design", self.design, DESIGNS)
+        check_choice("score", self.score, SCORE_KINDS)
+        check_choice("estimator", self.estimator, ESTIMATORS)
+        check_choice("device", self.device, DEVICES)
+        check_probability("confidence", self.confidence)
+        check_int("seed", self.seed, low=0)
+
+    @property
+    def relation(self) -> str:
+        return DESIGN_RELATION[self.design]
+
+    def with_overrides(self, **overrides: Any) -> AuditConfig:
+        """A copy with flat overrides routed to the right part, e.g. ``m=2000, epsilon=4, design="pair"``."""
+        return apply_overrides(self, overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: Flat names a user may set (marker keywords, CLI flags, Hypothesis strategies), and where each lives.
+CANARY_FIELDS = ("m", "dimension", "num_classes", "mode", "feature_scale")
+ARCHITECTURE_FIELDS = ("hidden_width",)
+HYPERPARAMETER_FIELDS = (
+    "noise_multiplier",
+    "max_grad_norm",
+    "sampling_rate",
+    "epochs",
+    "learning_rate",
+    "delta",
+)
+TOP_FIELDS = ("design", "score", "estimator", "confidence", "seed", "device")
+GUESS_FIELDS = ("guesses", "sides")
+OVERRIDABLE = CANARY_FIELDS + ARCHITECTURE_FIELDS + HYPERPARAMETER_FIELDS + TOP_FIELDS + GUESS_FIELDS + ("epsilon",)
+
+
+def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConfig:
+    """Route flat overrides to their part of ``config``; unknown names are a ``ValueError``.
+
+    ``epsilon`` is the target ε the implementation calibrates to (``inf`` or ``noise_multiplier=0`` for
+    non-private training); ``guesses`` is a fixed count or a tuple of fractions of m.
+    """
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise ValueError(f"unknown audit setting(s) {', '.join(unknown)}; known: {', '.join(sorted(OVERRIDABLE))}")
+
+    def pick(names: tuple[str, ...]) -> dict[str, Any]:
+        return {k: overrides[k] for k in names if k in overrides}
+
+    hyper = pick(HYPERPARAMETER_FIELDS)
+    if "epsilon" in overrides:
+        epsilon = overrides["epsilon"]
+        if epsilon is not None and float(epsilon) == float("inf"):
+            hyper.update(noise_multiplier=0.0, target_epsilon=None)
+        else:
+            hyper.update(target_epsilon=epsilon, noise_multiplier=None)
+    elif "noise_multiplier" in hyper:
+        hyper["target_epsilon"] = None
+    guess_rule = config.guess_rule
+    if "guesses" in overrides:
+        guesses = overrides["guesses"]
+        guess_rule = (
+            GuessRule(count=guesses, sides=guess_rule.sides)
+            if isinstance(guesses, int)
+            else GuessRule(fractions=tuple(guesses), sides=guess_rule.sides)
+        )
+    if "sides" in overrides:
+        guess_rule = dataclasses.replace(guess_rule, sides=overrides["sides"])
+    return dataclasses.replace(
+        config,
+        canaries=dataclasses.replace(config.canaries, **pick(CANARY_FIELDS)),
+        architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
+        hyperparameters=dataclasses.replace(config.hyperparameters, **hyper),
+        guess_rule=guess_rule,
+        **pick(TOP_FIELDS),
+    )
+
+
+def _profile(*, m: int, dimension: int, hidden_width: int, num_classes: int, epochs: int) -> AuditConfig:
+    return AuditConfig(
+        canaries=CanaryConfig(m=m, dimension=dimension, num_classes=num_classes),
+        architecture=MLPArchitecture(hidden_width=hidden_width),
+        hyperparameters=DPHyperparameters(target_epsilon=2.0, sampling_rate=0.1, epochs=epochs, learning_rate=0.5),
+    )
+
+
+#: Named starting points. ``quick`` is what CI runs on a 2-core CPU; ``paper`` is the paper's default
+#: (d = 10³, h = 10⁵, C = 10³, m = 10⁴) and wants a GPU. See benchmarks/ for how each was chosen.
+PROFILES: dict[str, AuditConfig] = {
+    "quick": _profile(m=1000, dimension=1000, hidden_width=1000, num_classes=100, epochs=20),
+    "standard": _profile(m=2000, dimension=2000, hidden_width=2000, num_classes=100, epochs=50),
+    "paper": _profile(m=10_000, dimension=1000, hidden_width=100_000, num_classes=1000, epochs=50),
+}
+PROFILE_NAMES: tuple[str, ...] = tuple(PROFILES)
+
+
+def profile_config(name: str, **overrides: Any) -> AuditConfig:
+    """The named profile with ``overrides`` applied (see :func:`apply_overrides`)."""
+    check_choice("profile", name, PROFILE_NAMES)
+    return apply_overrides(PROFILES[name], overrides)

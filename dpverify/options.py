@@ -1,0 +1,148 @@
+"""The plugin's settings: each has a ``--dp-audit-*`` flag, an ini twin and an environment variable.
+
+Precedence is marker > command line > environment > ini > default, and a bad value names where it came
+from. Pure Python: the plugin imports this at start-up, so nothing heavy belongs here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+PROFILE_CHOICES = ("quick", "standard", "paper")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+class OptionError(ValueError):
+    """A setting has a bad value; the message names the setting and where the value came from."""
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"must be in (0, 1), got {value:g}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_or_inf(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0 (or inf), got {value:g}")
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: ``--dp-audit-<name>``, ini ``dp_audit_<name>``, env ``DPVERIFY_<NAME>``."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    metavar: str = "VALUE"
+
+    @property
+    def flag(self) -> str:
+        return f"--dp-audit-{self.name}"
+
+    @property
+    def ini(self) -> str:
+        return f"dp_audit_{self.name.replace('-', '_')}"
+
+    @property
+    def env(self) -> str:
+        return f"DPVERIFY_{self.name.replace('-', '_').upper()}"
+
+    @property
+    def dest(self) -> str:
+        return f"dp_audit_{self.name.replace('-', '_')}"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("profile", _choice(PROFILE_CHOICES), "quick", "audit profile: quick (CI, ~30 s per audit on 2 CPU cores), standard, or paper (GPU)", "NAME"),
+    Setting(
+        "confidence",
+        _probability,
+        0.95,
+        "session-wide confidence: a correct implementation fails anywhere in the session with probability "
+        "at most 1 - confidence (the level is divided among the session's audits)",
+        "P",
+    ),
+    Setting("seed", _seed, None, "seed for every audit of the session (default: random, printed in the header)", "N"),
+    Setting("device", _choice(DEVICE_CHOICES), "auto", "device to train on: auto (CUDA when available), cpu or cuda", "NAME"),
+    Setting("epsilon", _positive_or_inf, 2.0, "target ε the ready-made audits ask each implementation to calibrate to", "EPS"),
+    Setting("implementations", _names, (), "comma-separated names of the registered implementations to audit (default: all)", "NAMES"),
+    Setting("report", str, None, "write a JSON report of every audit to PATH", "PATH"),
+    Setting("plots", str, None, "write per-audit PNG plots to DIR (needs matplotlib)", "DIR"),
+)
+SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def add_options(parser: Any) -> None:
+    """Register ``--dp-audit``, every ``--dp-audit-*`` flag and their ini twins with pytest."""
+    group = parser.getgroup("dp-audit", "differential privacy audits (dpverify)")
+    group.addoption(
+        "--dp-audit",
+        action="store_true",
+        default=None,
+        dest="dp_audit",
+        help="run the DP audits (without it they are skipped); ini: dp_audit, env: DPVERIFY_AUDIT=1",
+    )
+    parser.addini("dp_audit", "run the DP audits (as --dp-audit)", type="bool", default=False)
+    for setting in SETTINGS:
+        group.addoption(
+            setting.flag,
+            dest=setting.dest,
+            default=None,
+            metavar=setting.metavar,
+            help=f"{setting.help} [ini: {setting.ini}, env: {setting.env}, default: {setting.default}]",
+        )
+        parser.addini(setting.ini, setting.help, default=None)
+
+
+def audit_enabled(config: Any) -> bool:
+    if config.getoption("dp_audit"):
+        return True
+    env = os.environ.get("DPVERIFY_AUDIT")
+    if env is not None:
+        return env.strip().lower() in ("1", "true", "yes", "on")
+    return bool(config.getini("dp_audit"))
+
+
+def resolve(config: Any, name: str) -> Any:
+    """The value of setting ``name`` by command line > environment > ini > default."""
+    setting = SETTINGS_BY_NAME[name]
+    candidates = (
+        (config.getoption(setting.dest), f"command-line option {setting.flag}"),
+        (os.environ.get(setting.env), f"environment variable {setting.env}"),
+        (config.getini(setting.ini), f"ini option {setting.ini}"),
+    )
+    for raw, source in candidates:
+        if raw is None or raw == "":
+            continue
+        try:
+            return setting.parse(str(raw))
+        except ValueError as exc:
+            raise OptionError(f"{source}={raw!r} is invalid: {setting.name} {exc}") from None
+    return setting.default

@@ -1,0 +1,44 @@
+"""Per-audit pictures: member and non-member score histograms, and ε_L against the number of guesses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dpverify.results import AuditResult  # noqa: E402
+
+
+def save_audit_plots(result: AuditResult, directory: str | Path) -> Path:
+    """Write ``<implementation>-seed<seed>.png`` into ``directory`` and return its path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    figure, (histogram, curve) = plt.subplots(1, 2, figsize=(11, 4))
+    if result.scores is not None and result.membership is not None:
+        bins = np.histogram_bin_edges(result.scores, bins=50)
+        for bit, label in ((1, "members (S = +1)"), (-1, "non-members (S = −1)")):
+            histogram.hist(result.scores[result.membership == bit], bins=bins, alpha=0.6, label=label)
+        histogram.set_xlabel("score")
+        histogram.set_ylabel("canaries")
+        histogram.legend()
+    histogram.set_title(f"{result.implementation}: {result.design} design")
+    if result.bound_by_guesses:
+        counts, _, bounds = zip(*result.bound_by_guesses)
+        curve.plot(counts, bounds, marker="o", label="ε_L")
+        curve.set_xscale("log")
+    curve.axhline(result.claimed_epsilon, color="red", linestyle="--", label=f"claimed ε ({result.relation})")
+    curve.axhline(result.optimal_epsilon, color="grey", linestyle=":", label="ε_O")
+    curve.set_xlabel("number of guesses")
+    curve.set_ylabel("ε")
+    curve.set_title(f"verdict: {result.verdict} (ε_L = {result.epsilon_lower_bound:.3f})")
+    curve.legend()
+    figure.tight_layout()
+    path = directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', result.implementation)}-seed{result.seed}.png"
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -1,0 +1,148 @@
+"""The outcome of one audit, and the exception a violated claim raises."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Verdict = Literal["pass", "violation", "undecided", "error"]
+VERDICTS: tuple[str, ...] = ("pass", "violation", "undecided", "error")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AuditResult:
+    """One audit: what was claimed, what the audit could show, and the verdict.
+
+    The audit tests H0: "the run is (ε, δ)-DP in ``relation``" with ε = ``claimed_epsilon``. By Theorem 1
+    (Steinke, Nasr & Jagielski 2023), under H0 the number of correct guesses W out of r satisfies
+    P[W ≥ v] ≤ β + 2mδ·α (β a Binomial(r, e^ε/(1+e^ε)) tail), so with probability at least
+    ``confidence`` the run's true ε is at least ``epsilon_lower_bound`` (ε_L). The verdict is
+
+    - ``violation`` when ε_L > claimed ε: the claim is refuted at the stated confidence;
+    - ``undecided`` when claimed ε ≥ ``optimal_epsilon`` (ε_O, the most any attack on m canaries could
+      show with this guess rule): the audit could never have failed; ``canaries_needed`` says how many
+      canaries would make it decisive;
+    - ``error`` when training, the black box or the claim failed (``error`` says why): never a pass;
+    - ``pass`` otherwise. A pass is not a proof of privacy: ε_L is a lower bound.
+
+    ``confidence`` is this audit's own level after the session has divided its level among its audits.
+    """
+
+    implementation: str
+    expected: str = "private"
+    detectability: str | None = None
+    design: str
+    relation: str
+    claimed_epsilon: float
+    library_epsilon: float | None = None
+    claim_derivation: str = ""
+    delta: float
+    epsilon_lower_bound: float
+    estimator: str = "steinke"
+    confidence: float
+    m: int
+    guesses: int
+    correct: int
+    optimal_epsilon: float
+    canaries_needed: int | None = None
+    verdict: Verdict
+    seed: int
+    device: str
+    seconds: float
+    auditor_seconds: float = 0.0
+    error: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    scores: np.ndarray | None = field(default=None, repr=False)
+    membership: np.ndarray | None = field(default=None, repr=False)
+    bound_by_guesses: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
+
+    @property
+    def expected_outcome_met(self) -> bool:
+        """Private implementations should not be refuted; buggy variants should be."""
+        if self.expected == "violation":
+            return self.verdict == "violation"
+        return self.verdict in ("pass", "undecided")
+
+    def to_dict(self, *, include_scores: bool = False) -> dict[str, Any]:
+        """JSON-ready fields (infinite ε as the string "inf"); raw scores only on request."""
+        out: dict[str, Any] = {
+            "implementation": self.implementation,
+            "expected": self.expected,
+            "detectability": self.detectability,
+            "design": self.design,
+            "relation": self.relation,
+            "claimed_epsilon": _json_float(self.claimed_epsilon),
+            "library_epsilon": _json_float(self.library_epsilon),
+            "claim_derivation": self.claim_derivation,
+            "delta": self.delta,
+            "epsilon_lower_bound": _json_float(self.epsilon_lower_bound),
+            "estimator": self.estimator,
+            "confidence": self.confidence,
+            "optimal_epsilon": _json_float(self.optimal_epsilon),
+            "canaries_needed": self.canaries_needed,
+            "m": self.m,
+            "guesses": self.guesses,
+            "correct": self.correct,
+            "verdict": self.verdict,
+            "seed": self.seed,
+            "device": self.device,
+            "seconds": round(self.seconds, 3),
+            "auditor_seconds": round(self.auditor_seconds, 3),
+            "error": self.error,
+            "config": self.config,
+            "bound_by_guesses": [list(row) for row in self.bound_by_guesses],
+        }
+        if include_scores and self.scores is not None:
+            out["scores"] = self.scores.tolist()
+            out["membership"] = None if self.membership is None else self.membership.tolist()
+        return out
+
+    def summary(self) -> str:
+        """One paragraph a person can act on."""
+        head = (
+            f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation). "
+            f"Claimed ε = {self.claimed_epsilon:.4g} at δ = {self.delta:g}; "
+            f"audit lower bound ε_L = {self.epsilon_lower_bound:.4g} at {self.confidence:.4%} confidence "
+            f"({self.correct} of {self.guesses} guesses correct on m = {self.m} canaries, {self.estimator} bound); "
+            f"the most this audit could show is ε_O = {self.optimal_epsilon:.4g}."
+        )
+        if self.verdict == "violation":
+            return head + (
+                " The run leaks more than its claim allows: check that every step clips each example's "
+                "gradient, adds N(0, σ²C²) noise to the clipped sum once per step, samples batches the way "
+                "the accountant assumes, and that the accountant is given the σ, q and step count actually used."
+            )
+        if self.verdict == "undecided":
+            need = f"about {self.canaries_needed}" if self.canaries_needed else "more"
+            return head + f" The claim is at or above ε_O, so this audit cannot refute it: use {need} canaries."
+        if self.verdict == "error":
+            return head + f" The audit could not run: {self.error}"
+        return head
+
+
+class DPViolation(AssertionError):
+    """An audit refuted an implementation's privacy claim. ``result`` holds the :class:`AuditResult`."""
+
+    def __init__(self, result: AuditResult, *, reproduce: str = "") -> None:
+        self.result = result
+        message = result.summary()
+        if reproduce:
+            message += f"\nReproduce with: {reproduce}"
+        super().__init__(message)
+
+
+class AuditError(RuntimeError):
+    """An audit ended with verdict ``error``: training, the black box or the claim failed."""
+
+    def __init__(self, result: AuditResult) -> None:
+        self.result = result
+        super().__init__(result.summary())
+
+
+def _json_float(value: float | None) -> float | str | None:
+    if value is None or math.isnan(value):
+        return None
+    return "inf" if math.isinf(value) else round(float(value), 6)

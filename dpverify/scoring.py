@@ -1,0 +1,111 @@
+"""Scores and guesses: the black-box membership inference of the audit (UniAud, Algorithm 2).
+
+The *self-comparison* score of canary i is ``log p(y_i | x_i) − log p(y'_i | x_i)``: the loss of the
+comparison label minus the loss of the trained label. Because (y_i, y'_i) is exchangeable before training,
+the score is symmetric around 0 for a canary the model never saw, whatever the canary's hardness; the
+plain *loss* score ``log p(y_i | x_i)`` of Steinke et al. is kept for baselines.
+
+Guesses are +1/−1/0 (member, non-member, abstain). The number of guesses is never chosen by looking at
+how many were correct: it is fixed, or every count of a grid declared in advance is tried and the
+confidence of each is corrected for the grid's size (Bonferroni), see :class:`GuessRule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from dpverify._validation import check_choice, check_int, check_real
+
+ScoreKind = Literal["self_comparison", "loss"]
+Sides = Literal["two", "one"]
+SCORE_KINDS: tuple[str, ...] = ("self_comparison", "loss")
+
+
+def _checked_log_probs(log_probs: np.ndarray, n: int) -> np.ndarray:
+    log_probs = np.asarray(log_probs, dtype=np.float64)
+    if log_probs.ndim != 2 or log_probs.shape[0] != n:
+        raise ValueError(f"log_probs must have shape ({n}, C), got {log_probs.shape}")
+    if not np.all(np.isfinite(log_probs)):
+        bad = int(np.count_nonzero(~np.isfinite(log_probs).all(axis=1)))
+        raise ValueError(f"log_probs must be finite, got NaN or infinite values in {bad} of {n} rows")
+    return log_probs
+
+
+def self_comparison_scores(log_probs: np.ndarray, labels: np.ndarray, comparison_labels: np.ndarray) -> np.ndarray:
+    """``log p(label) − log p(comparison label)`` per row; > 0 where the model prefers the trained label."""
+    rows = np.arange(labels.shape[0])
+    log_probs = _checked_log_probs(log_probs, labels.shape[0])
+    return log_probs[rows, labels] - log_probs[rows, comparison_labels]
+
+
+def loss_scores(log_probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Negative cross-entropy ``log p(label)`` per row (Steinke, Nasr & Jagielski 2023)."""
+    log_probs = _checked_log_probs(log_probs, labels.shape[0])
+    return log_probs[np.arange(labels.shape[0]), labels]
+
+
+def guesses_from_scores(scores: np.ndarray, count: int, *, sides: Sides = "two") -> np.ndarray:
+    """Guess on the ``count`` most confident canaries and abstain on the rest.
+
+    ``sides="one"``: +1 for the ``count`` highest scores. ``sides="two"``: the ``count`` scores largest in
+    absolute value, guessed by their sign — a symmetric threshold, right for the self-comparison score
+    whose null distribution is symmetric around 0. Ties are broken by position, never by the truth.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    check_int("count", count, low=0, high=scores.shape[0])
+    check_choice("sides", sides, ("two", "one"))
+    if not np.all(np.isfinite(scores)):
+        raise ValueError("scores must be finite, got NaN or infinite values")
+    guesses = np.zeros(scores.shape[0], dtype=np.int8)
+    if count == 0:
+        return guesses
+    key = np.abs(scores) if sides == "two" else scores
+    chosen = np.argsort(-key, kind="stable")[:count]
+    guesses[chosen] = 1 if sides == "one" else np.where(scores[chosen] >= 0, 1, -1)
+    return guesses
+
+
+def count_correct(guesses: np.ndarray, membership: np.ndarray) -> int:
+    """Σ max(0, guess·S): a guess is correct when it names the canary's secret bit S ∈ {−1, +1}."""
+    return int(np.count_nonzero(guesses * membership > 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuessRule:
+    """How many guesses an audit makes, declared before any score is seen.
+
+    Either a fixed ``count``, or ``fractions`` of m: every count ``round(f·m)`` is evaluated and the
+    audit reports the best ε_L, each computed at confidence ``1 − (1 − confidence)/len(fractions)``
+    (Bonferroni), so the reported maximum keeps the stated confidence.
+    """
+
+    fractions: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+    count: int | None = None
+    sides: Sides = "two"
+
+    def __post_init__(self) -> None:
+        check_choice("sides", self.sides, ("two", "one"))
+        if self.count is not None:
+            check_int("count", self.count, low=1)
+            return
+        if not self.fractions:
+            raise ValueError("fractions must name at least one fraction of m, got ()")
+        for f in self.fractions:
+            check_real("fractions", f, low=0.0, high=1.0, low_open=True)
+
+    def counts(self, m: int) -> np.ndarray:
+        """The distinct guess counts for m canaries (a fixed count is capped at m)."""
+        if self.count is not None:
+            return np.array([min(self.count, m)])
+        return np.unique(np.clip(np.round(np.array(self.fractions) * m).astype(int), 1, m))
+
+    @property
+    def tries(self) -> int:
+        """How many counts the Bonferroni correction divides the level by (fixed before seeing m)."""
+        return 1 if self.count is not None else len(self.fractions)
+
+    def corrected_confidence(self, confidence: float) -> float:
+        return 1.0 - (1.0 - confidence) / self.tries

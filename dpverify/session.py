@@ -1,0 +1,129 @@
+"""Session state of the plugin: the level shared among audits, the seed, and the gathered results.
+
+The session promises: a correct implementation fails *anywhere* in the session with probability at most
+``1 − confidence``. At collection every audit the session may run is counted (one per ready-made audit,
+``audits=N`` from a ``dp_audit`` marker, or a Hypothesis test's ``max_examples``) and each audit gets
+confidence ``1 − (1 − confidence)/N`` (Bonferroni), so the union bound holds whichever audits fail.
+Results travel as JSON on test reports, so the summary also works under pytest-xdist.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: Name of the user property that carries one audit's JSON on a test report.
+RESULT_PROPERTY = "dp_audit_result"
+#: Where an item keeps the results of the audits it ran until its report is made.
+RESULTS_KEY = pytest.StashKey[list]()
+SESSION_KEY = pytest.StashKey["AuditSession"]()
+
+
+@dataclass
+class AuditSession:
+    enabled: bool
+    profile: str
+    confidence: float
+    seed: int
+    device: str
+    epsilon: float
+    implementations: tuple[str, ...]
+    report_path: str | None
+    plots_dir: str | None
+    planned_audits: int = 0
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def per_audit_confidence(self) -> float:
+        return 1.0 - (1.0 - self.confidence) / max(1, self.planned_audits)
+
+    def audit_seed(self, key: str) -> int:
+        """A seed for one audit, from the session seed and a stable key (same on every xdist worker)."""
+        return zlib.crc32(f"{self.seed}:{key}".encode()) & 0x7FFFFFFF
+
+    def selected(self, name: str) -> bool:
+        import fnmatch
+
+        return not self.implementations or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.implementations)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Gather results from reports: in-process, or from every worker in the xdist controller."""
+        for name, value in report.user_properties:
+            if name == RESULT_PROPERTY:
+                self.results.append(json.loads(value))
+
+    def header(self) -> str:
+        return (
+            f"dpverify: DP audits on (profile {self.profile}, seed {self.seed}, device {self.device}, "
+            f"session confidence {self.confidence:g}); rerun with --dp-audit-seed {self.seed}"
+        )
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "confidence": self.confidence,
+            "per_audit_confidence": self.per_audit_confidence,
+            "planned_audits": self.planned_audits,
+            "seed": self.seed,
+            "profile": self.profile,
+            "audits": self.results,
+        }
+
+    def write_report(self) -> Path | None:
+        if not self.report_path:
+            return None
+        path = Path(self.report_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.report(), indent=2, allow_nan=False))
+        return path
+
+    def summary_lines(self) -> list[str]:
+        """The terminal table: one row per audit, expected outcomes marked apart from unexpected ones."""
+        header = ("implementation", "design", "relation", "claimed ε", "ε_L", "ε_O", "verdict", "expected", "s")
+        rows = [header]
+        for r in sorted(self.results, key=lambda r: (r["implementation"], r["seed"])):
+            expected = r["expected"] if r["detectability"] is None else f"{r['expected']} ({r['detectability']})"
+            rows.append(
+                (
+                    r["implementation"],
+                    r["design"],
+                    r["relation"],
+                    _fmt(r["claimed_epsilon"]),
+                    _fmt(r["epsilon_lower_bound"]),
+                    _fmt(r["optimal_epsilon"]),
+                    r["verdict"] + ("" if outcome_as_expected(r) else " !"),
+                    expected,
+                    f"{r['seconds']:.1f}",
+                )
+            )
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+        lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+        lines.insert(1, "  ".join("-" * width for width in widths))
+        lines.append(
+            f"{len(self.results)} audit(s); each at confidence {self.per_audit_confidence:.5f} so that the "
+            f"session keeps {self.confidence:g} over {self.planned_audits} planned audit(s). "
+            "'!' marks an outcome other than expected."
+        )
+        return lines
+
+
+def outcome_as_expected(result: dict[str, Any]) -> bool:
+    """Private implementations pass (or are undecided); buggy variants are caught. Errors never are."""
+    if result["verdict"] == "error":
+        return False
+    if result["expected"] == "violation":
+        return result["verdict"] == "violation"
+    return result["verdict"] != "violation"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return "∞" if value == "inf" else value
+    return "∞" if math.isinf(value) else ("nan" if math.isnan(value) else f"{value:.3f}")
