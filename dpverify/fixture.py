@@ -9,14 +9,14 @@ import warnings
 from typing import Any
 
 from dpverify.audit import run_audit
-from dpverify.config import AuditConfig, profile_config
+from dpverify.config import OVERRIDABLE, AuditConfig, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation
 from dpverify.results import AuditError, AuditResult, DPViolation
 from dpverify.session import RESULTS_KEY, AuditSession
 
-#: Marker keywords that are not audit settings.
-MARKER_ONLY = ("profile", "audits")
+#: Marker keywords: audit settings except the session's own (seed, confidence), plus profile and audits.
+MARKER_KEYWORDS = tuple(name for name in OVERRIDABLE if name not in ("seed", "confidence")) + ("profile", "audits")
 
 
 class AuditBudgetExceeded(RuntimeError):
@@ -53,7 +53,8 @@ def execute_audit(
 
 
 def reproduce_hint(session: AuditSession, node: Any) -> str:
-    return f'pytest --dp-audit --dp-audit-seed {session.seed} --dp-audit-profile {session.profile} "{node.nodeid}"'
+    selector = f'-k "{node.name}"' if node.nodeid.startswith("::") else f'"{node.nodeid}"'
+    return f"pytest --dp-audit --dp-audit-seed {session.seed} --dp-audit-profile {session.profile} {selector}"
 
 
 def raise_for_verdict(result: AuditResult, *, reproduce: str) -> None:

@@ -51,6 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(session, "dpverify-session")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from dpverify.registry import forget_registrations
+
+    forget_registrations()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """pytest-xdist: every worker audits with the controller's seed."""
@@ -99,14 +105,13 @@ def _marker_settings(item: pytest.Item) -> dict[str, Any]:
         merged.update(marker.kwargs)
     if not merged:
         return merged
-    from dpverify.config import OVERRIDABLE
-    from dpverify.fixture import MARKER_ONLY
+    from dpverify.fixture import MARKER_KEYWORDS
 
-    unknown = sorted(set(merged) - set(OVERRIDABLE) - set(MARKER_ONLY))
+    unknown = sorted(set(merged) - set(MARKER_KEYWORDS))
     if unknown:
         raise pytest.UsageError(
             f"{item.nodeid}: unknown dp_audit marker keyword(s) {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(OVERRIDABLE + MARKER_ONLY))}"
+            f"known: {', '.join(sorted(MARKER_KEYWORDS))} (seed and confidence are the session's)"
         )
     audits = merged.get("audits", 1)
     if isinstance(audits, bool) or not isinstance(audits, int) or audits < 1:

@@ -48,6 +48,15 @@ def unregister_implementation(name: str) -> None:
     del _registry[name]
 
 
+def forget_registrations() -> None:
+    """Drop every registration made by calls (conftest files), keeping entry points; the plugin calls
+    this when a pytest session ends, so each session sees only its own conftest's implementations."""
+    global _entry_points_loaded
+    _registry.clear()
+    _bundled.clear()
+    _entry_points_loaded = False
+
+
 def get_implementation(name: str) -> Implementation:
     _load_entry_points()
     try:

@@ -25,7 +25,7 @@ RESULTS_KEY = pytest.StashKey[list]()
 SESSION_KEY = pytest.StashKey["AuditSession"]()
 
 
-@dataclass
+@dataclass(eq=False)
 class AuditSession:
     enabled: bool
     profile: str
@@ -59,8 +59,10 @@ class AuditSession:
                 self.results.append(json.loads(value))
 
     def header(self) -> str:
+        from dpverify.audit import resolve_device
+
         return (
-            f"dpverify: DP audits on (profile {self.profile}, seed {self.seed}, device {self.device}, "
+            f"dpverify: DP audits on (profile {self.profile}, seed {self.seed}, device {resolve_device(self.device)}, "
             f"session confidence {self.confidence:g}); rerun with --dp-audit-seed {self.seed}"
         )
 

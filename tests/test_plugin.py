@@ -1,0 +1,180 @@
+"""The pytest face, driven through pytester with numpy-only implementations registered from a conftest."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+from dpverify.contract import ImplementationInfo
+from dpverify.registry import register_implementation
+from tests.doubles import Broken, Memoriser, Oblivious
+
+register_implementation(Oblivious(claimed_epsilon=1.0, info=ImplementationInfo(name="third-party-private", library="numpy")))
+register_implementation(Memoriser(claimed_epsilon=1.0, info=ImplementationInfo(name="leaky", library="numpy")))
+"""
+
+SMALL = "--dp-audit-implementations=third-party-*,leaky"
+
+
+@pytest.fixture
+def project(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\ndp_audit_seed = 11\n")
+    return pytester
+
+
+def run(pytester, *args, subprocess=False):
+    runner = pytester.runpytest_subprocess if subprocess else pytester.runpytest
+    return runner("-p", "no:cacheprovider", *args)
+
+
+def test_help_lists_every_option_with_its_ini_and_env_twin(pytester):
+    result = run(pytester, "--help")
+    for name in ("profile", "confidence", "seed", "device", "epsilon", "implementations", "report", "plots"):
+        result.stdout.fnmatch_lines([f"*--dp-audit-{name}*"])
+    text = result.stdout.str()
+    assert "ini: dp_audit_confidence, env: DPVERIFY_CONFIDENCE" in " ".join(text.split())
+    assert "--dp-audit " in text
+
+
+def test_without_dp_audit_audits_are_skipped_with_a_reason(project):
+    project.makepyfile("def test_mine(dp_audit):\n    dp_audit('leaky')\n")
+    result = run(project, "-rs")
+    result.assert_outcomes(skipped=3)  # the test, and the ready-made audits of the two registered implementations
+    result.stdout.fnmatch_lines(["*DP audits are off; run pytest with --dp-audit*"])
+
+
+def test_third_party_implementation_is_audited_and_a_leak_fails_with_an_actionable_message(project, tmp_path):
+    report = tmp_path / "report.json"
+    result = run(project, "--dp-audit", SMALL, f"--dp-audit-report={report}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*dpverify: DP audits on (profile quick, seed 11, device cpu*",
+            "*leaky: verdict VIOLATION (inclusion design, add_remove relation)*",
+            '*Reproduce with: pytest --dp-audit --dp-audit-seed 11 --dp-audit-profile quick -k "dp-audit[[]leaky[]]"*',
+            "*dp-audit summary*",
+            "*leaky*violation !*",
+            "*third-party-private*pass*",
+        ]
+    )
+    data = json.loads(report.read_text())
+    assert data["confidence"] == 0.95 and data["seed"] == 11 and data["planned_audits"] == 2
+    assert {a["implementation"] for a in data["audits"]} == {"third-party-private", "leaky"}
+    required = {
+        "implementation", "expected", "design", "relation", "claimed_epsilon", "delta", "epsilon_lower_bound",
+        "optimal_epsilon", "m", "guesses", "correct", "device", "seconds", "verdict", "detectability",
+    }
+    for audit in data["audits"]:
+        assert required <= set(audit)
+        assert audit["confidence"] == pytest.approx(1 - 0.05 / 2)
+
+
+def test_precedence_is_cli_over_env_over_ini(project, monkeypatch):
+    project.makepyfile("def test_nothing():\n    pass\n")
+    run(project, "--dp-audit").stdout.fnmatch_lines(["*seed 11*"])
+    monkeypatch.setenv("DPVERIFY_SEED", "12")
+    run(project, "--dp-audit").stdout.fnmatch_lines(["*seed 12*"])
+    run(project, "--dp-audit", "--dp-audit-seed=13").stdout.fnmatch_lines(["*seed 13*"])
+
+
+def test_bad_values_name_their_source(project, monkeypatch):
+    project.makepyfile("def test_nothing():\n    pass\n")
+    result = run(project, "--dp-audit-confidence=1.5")
+    result.stderr.fnmatch_lines(["*command-line option --dp-audit-confidence='1.5' is invalid: confidence must be in (0, 1)*"])
+    monkeypatch.setenv("DPVERIFY_PROFILE", "huge")
+    result = run(project)
+    result.stderr.fnmatch_lines(["*environment variable DPVERIFY_PROFILE='huge' is invalid*quick, standard, paper*"])
+
+
+def test_marker_settings_reach_the_audit_and_are_validated(project):
+    project.makepyfile(
+        test_marked="""
+        import pytest
+
+        @pytest.mark.dp_audit(m=300, dimension=300, num_classes=5, epsilon=1.0, design="pair")
+        def test_marked(dp_audit):
+            result = dp_audit("third-party-private")
+            assert (result.m, result.design, result.relation) == (300, "pair", "replace_one")
+        """,
+        test_bad="""
+        import pytest
+
+        @pytest.mark.dp_audit(colour="red")
+        def test_bad_marker(dp_audit):
+            pass
+        """,
+    )
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", "test_marked.py")
+    result.assert_outcomes(passed=1)
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", "test_bad.py")
+    result.stderr.fnmatch_lines(["*test_bad_marker: unknown dp_audit marker keyword(s) colour*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_more_audits_than_declared_is_an_error(project):
+    project.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.dp_audit(m=100, dimension=100, num_classes=5)
+        def test_two(dp_audit):
+            dp_audit("third-party-private")
+            dp_audit("third-party-private")
+        """
+    )
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ran 2 audits but declared 1*audits=N*"])
+
+
+def test_vacuous_and_error_verdicts_are_said_out_loud(project):
+    project.makepyfile(
+        """
+        import pytest
+        from dpverify.results import AuditError
+        from tests.doubles import Broken, Oblivious
+
+        @pytest.mark.dp_audit(m=50, dimension=50, num_classes=5)
+        def test_vacuous(dp_audit):
+            result = dp_audit(Oblivious(claimed_epsilon=4.0))
+            assert result.verdict == "undecided" and result.canaries_needed > 50
+
+        @pytest.mark.dp_audit(m=50, dimension=50, num_classes=5)
+        def test_error(dp_audit):
+            with pytest.raises(AuditError, match="test-broken: training raised RuntimeError"):
+                dp_audit(Broken(mode="raise"))
+        """
+    )
+    report = project.path / "r.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}")
+    result.assert_outcomes(passed=2)
+    verdicts = sorted(a["verdict"] for a in json.loads(report.read_text())["audits"])
+    assert verdicts == ["error", "undecided"]
+    result.stdout.fnmatch_lines(["*test-broken*error !*", "*test-oblivious*undecided*"])
+
+
+def test_xdist_gives_the_same_report(project):
+    pytest.importorskip("xdist")
+    reports = []
+    for extra in ([], ["-n", "2"]):
+        path = project.path / f"report{len(reports)}.json"
+        result = run(project, "--dp-audit", SMALL, f"--dp-audit-report={path}", *extra, subprocess=True)
+        result.assert_outcomes(passed=1, failed=1)
+        audits = json.loads(path.read_text())["audits"]
+        reports.append(sorted((a["implementation"], a["epsilon_lower_bound"], a["verdict"], a["seed"]) for a in audits))
+    assert reports[0] == reports[1]
+    result.stdout.fnmatch_lines(["*dp-audit summary*"])
+
+
+def test_dp_implementation_is_parametrized_over_the_registry(project):
+    project.makepyfile("def test_each(dp_implementation):\n    assert dp_implementation.info.name\n")
+    result = run(project, "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*test_each[[]leaky[]]*", "*test_each[[]third-party-private[]]*"])
+    assert os.environ.get("DPVERIFY_SEED") is None
