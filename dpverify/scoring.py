@@ -48,11 +48,12 @@ def loss_scores(log_probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def guesses_from_scores(scores: np.ndarray, count: int, *, sides: Sides = "two") -> np.ndarray:
-    """Guess on the ``count`` most confident canaries and abstain on the rest.
+    """Guess on ``count`` canaries at the ends of the score ranking and abstain on the rest.
 
-    ``sides="one"``: +1 for the ``count`` highest scores. ``sides="two"``: the ``count`` scores largest in
-    absolute value, guessed by their sign — a symmetric threshold, right for the self-comparison score
-    whose null distribution is symmetric around 0. Ties are broken by position, never by the truth.
+    ``sides="two"`` (Algorithm 2, line 8): +1 for the ⌈count/2⌉ highest scores and −1 for the ⌊count/2⌋
+    lowest. With the self-comparison score members sit high (they prefer their trained label) and canaries
+    shown with the fresh label or never trained on sit low or near 0, so both ends carry information.
+    ``sides="one"``: +1 for the ``count`` highest. Ties are broken by position, never by the truth.
     """
     scores = np.asarray(scores, dtype=np.float64)
     check_int("count", count, low=0, high=scores.shape[0])
@@ -60,11 +61,12 @@ def guesses_from_scores(scores: np.ndarray, count: int, *, sides: Sides = "two")
     if not np.all(np.isfinite(scores)):
         raise ValueError("scores must be finite, got NaN or infinite values")
     guesses = np.zeros(scores.shape[0], dtype=np.int8)
-    if count == 0:
-        return guesses
-    key = np.abs(scores) if sides == "two" else scores
-    chosen = np.argsort(-key, kind="stable")[:count]
-    guesses[chosen] = 1 if sides == "one" else np.where(scores[chosen] >= 0, 1, -1)
+    order = np.argsort(-scores, kind="stable")
+    positives = count if sides == "one" else (count + 1) // 2
+    guesses[order[:positives]] = 1
+    negatives = count - positives
+    if negatives:
+        guesses[order[-negatives:]] = -1
     return guesses
 
 

@@ -1,9 +1,11 @@
 """Session state of the plugin: the level shared among audits, the seed, and the gathered results.
 
 The session promises: a correct implementation fails *anywhere* in the session with probability at most
-``1 − confidence``. At collection every audit the session may run is counted (one per ready-made audit,
-``audits=N`` from a ``dp_audit`` marker, or a Hypothesis test's ``max_examples``) and each audit gets
-confidence ``1 − (1 − confidence)/N`` (Bonferroni), so the union bound holds whichever audits fail.
+``1 − confidence``. At collection every audit that could raise a false alarm is counted (one per
+ready-made audit of an implementation expected to be private, ``audits=N`` from a ``dp_audit`` marker, or
+a Hypothesis test's ``max_examples``) and each audit gets confidence ``1 − (1 − confidence)/N``
+(Bonferroni), so the union bound holds whichever audits fail. Audits of declared buggy variants fail the
+session only when they are *not* refuted, so they take no share of the level.
 Results travel as JSON on test reports, so the summary also works under pytest-xdist.
 """
 

@@ -23,7 +23,7 @@ audit_settings = settings(
     deadline=None,
     max_examples=3,
     derandomize=bool(os.environ.get("CI")),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
     print_blob=True,
 )
 settings.register_profile("dp-audit", audit_settings)

@@ -46,7 +46,7 @@ def test_help_lists_every_option_with_its_ini_and_env_twin(pytester):
 def test_without_dp_audit_audits_are_skipped_with_a_reason(project):
     project.makepyfile("def test_mine(dp_audit):\n    dp_audit('leaky')\n")
     result = run(project, "-rs")
-    result.assert_outcomes(skipped=3)  # the test, and the ready-made audits of the two registered implementations
+    result.assert_outcomes(skipped=1)  # ready-made audits are collected only with --dp-audit
     result.stdout.fnmatch_lines(["*DP audits are off; run pytest with --dp-audit*"])
 
 
@@ -178,3 +178,26 @@ def test_dp_implementation_is_parametrized_over_the_registry(project):
     result = run(project, "--collect-only", "-q")
     result.stdout.fnmatch_lines(["*test_each[[]leaky[]]*", "*test_each[[]third-party-private[]]*"])
     assert os.environ.get("DPVERIFY_SEED") is None
+
+
+def test_buggy_variants_must_be_caught_by_class(project):
+    project.makeconftest(
+        CONFTEST
+        + """
+def variant(name, cls):
+    return ImplementationInfo(name=name, library="numpy", expected="violation", breaks="adds no noise", detectability=cls)
+
+register_implementation(Memoriser(info=variant("caught-d1", "D1")))
+register_implementation(Oblivious(info=variant("missed-d2", "D2")))
+register_implementation(Oblivious(info=variant("missed-d3", "D3")))
+"""
+    )
+    report = project.path / "r.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=caught-*,missed-*", f"--dp-audit-report={report}", "-rxf")
+    result.assert_outcomes(passed=1, failed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*buggy variant missed-d2 (D2: adds no noise) was not caught*"])
+    data = json.loads(report.read_text())
+    assert data["planned_audits"] == 0  # variants take no share of the level
+    assert {a["implementation"]: a["detectability"] for a in data["audits"]} == {
+        "caught-d1": "D1", "missed-d2": "D2", "missed-d3": "D3",
+    }

@@ -30,9 +30,11 @@ def test_wrong_shape_is_rejected():
         loss_scores(np.zeros((2, 3)), np.array([0, 1, 2]))
 
 
-def test_two_sided_guesses_take_the_largest_magnitudes_by_sign():
+def test_two_sided_guesses_take_both_ends_of_the_ranking():
     scores = np.array([0.1, -5.0, 3.0, -0.2, 0.0])
     np.testing.assert_array_equal(guesses_from_scores(scores, 2), [0, -1, 1, 0, 0])
+    np.testing.assert_array_equal(guesses_from_scores(scores, 3), [1, -1, 1, 0, 0])
+    np.testing.assert_array_equal(guesses_from_scores(scores, 5), [1, -1, 1, -1, 1])
     np.testing.assert_array_equal(guesses_from_scores(scores, 2, sides="one"), [1, 0, 1, 0, 0])
     np.testing.assert_array_equal(guesses_from_scores(scores, 0), [0, 0, 0, 0, 0])
 

@@ -1,0 +1,32 @@
+import pytest
+from hypothesis import given, settings
+
+from dpverify.config import AuditConfig
+from dpverify.strategies import audit_configs, canary_configs, dp_hyperparameters
+
+
+@settings(max_examples=30, deadline=None)
+@given(config=audit_configs(canaries=canary_configs(min_m=10, max_m=50), designs=("pair",)))
+def test_generated_configs_are_valid_and_within_bounds(config):
+    assert isinstance(config, AuditConfig)
+    assert 10 <= config.canaries.m <= 50 and config.design == "pair"
+    hp = config.hyperparameters
+    assert 1.0 <= hp.target_epsilon <= 8.0 and hp.noise_multiplier is None
+    assert hp.steps == hp.epochs * round(1 / hp.sampling_rate)
+
+
+@pytest.mark.parametrize(
+    "factory, kwargs, message",
+    [
+        (canary_configs, dict(min_m=0), "min_m must be >= 1, got 0"),
+        (canary_configs, dict(min_m=10, max_m=5), "min_m must be <= max_m, got 10 > 5"),
+        (canary_configs, dict(modes=("spiral",)), "modes must be a non-empty subset"),
+        (dp_hyperparameters, dict(min_epsilon=0.0), r"min_epsilon must be in \(0, inf\]"),
+        (dp_hyperparameters, dict(sampling_rates=(1.5,)), r"sampling_rates must be in \(0, 1\], got 1.5"),
+        (dp_hyperparameters, dict(min_epochs=4, max_epochs=2), "min_epochs must be <= max_epochs"),
+        (audit_configs, dict(min_hidden_width=0), "min_hidden_width must be >= 1"),
+    ],
+)
+def test_bad_bounds_are_rejected_at_the_door(factory, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        factory(**kwargs)
