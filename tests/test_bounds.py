@@ -1,0 +1,285 @@
+"""Tests of dpverify.bounds: golden values, a plain reference implementation, properties, soundness."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from dpverify.bounds import (
+    clopper_pearson_epsilon,
+    epsilon_lower_bound,
+    fdp_epsilon_lower_bound,
+    optimal_epsilon,
+    required_canaries,
+)
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "fixtures" / "optimal_epsilon.json").read_text())
+DELTA = 1e-5
+# Rate at which the null-data tests below may fail although the bound is correct.
+TEST_ERROR = 1e-4
+
+
+# -- a reference written straight from Theorem 1 ------------------------------------------------------
+
+
+def reference_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
+    """β + 2mδα with α = max_{1<=i<=v} P[v > W >= v-i] / i, summing the window one term at a time."""
+    q = math.exp(eps) / (1 + math.exp(eps))
+    beta = stats.binom.sf(v - 1, r, q)
+    window_sums = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, q))  # i = 1, ..., v
+    alpha = float(np.max(window_sums / np.arange(1, v + 1))) if v else 0.0
+    return min(beta + 2 * m * delta * alpha, 1.0)
+
+
+def reference_bound(m: int, r: int, v: int, delta: float, confidence: float) -> float:
+    """sup{ε >= 0 : p(ε) <= 1 - confidence} by plain bisection."""
+    level = 1 - confidence
+    if reference_p_value(m, r, v, 0.0, delta) > level:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while reference_p_value(m, r, v, hi, delta) <= level:
+        lo, hi = hi, 2 * hi
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if reference_p_value(m, r, v, mid, delta) <= level else (lo, mid)
+    return lo
+
+
+@st.composite
+def counts(draw, max_m=300):
+    m = draw(st.integers(1, max_m))
+    guesses = draw(st.integers(0, m))
+    correct = draw(st.integers(0, guesses))
+    return m, guesses, correct
+
+
+deltas = st.sampled_from([1e-6, 1e-5, 1e-3, 1e-2])
+confidences = st.sampled_from([0.8, 0.9, 0.95, 0.99])
+
+
+# -- golden values ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", GOLDEN["values"], ids=lambda row: f"m={row['m']}")
+def test_optimal_epsilon_matches_the_paper(row):
+    value = optimal_epsilon(row["m"], delta=GOLDEN["delta"], confidence=GOLDEN["confidence"])
+    assert abs(value - row["epsilon"]) <= 0.5 * 10 ** -row["decimals"]
+
+
+def test_clopper_pearson_matches_the_paper():
+    """UniAud: ε_O = 5.6 for the Clopper–Pearson bound with T = 1000 trials (no errors)."""
+    assert round(clopper_pearson_epsilon(0, 0, 1000, 1000, delta=DELTA), 1) == 5.6
+
+
+# -- agreement with the reference ---------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(counts(), deltas, confidences)
+def test_bound_equals_the_reference_loop(c, delta, confidence):
+    expected = reference_bound(*c, delta, confidence)
+    assert epsilon_lower_bound(*c, delta=delta, confidence=confidence) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "m, guesses, correct", [(10_000, 10_000, 9_000), (10_000, 1_000, 900), (5_000, 300, 290)]
+)
+def test_bound_equals_the_reference_for_many_canaries(m, guesses, correct):
+    expected = reference_bound(m, guesses, correct, DELTA, 0.95)
+    assert epsilon_lower_bound(m, guesses, correct, delta=DELTA) == pytest.approx(expected, abs=1e-6)
+
+
+def test_arrays_broadcast_and_match_scalar_calls():
+    guesses = np.array([[50], [200]])
+    correct = np.array([40, 45, 50])
+    bounds = epsilon_lower_bound(1000, guesses, correct, delta=DELTA)
+    assert bounds.shape == (2, 3)
+    for (i, j), value in np.ndenumerate(bounds):
+        scalar = epsilon_lower_bound(1000, int(guesses[i, 0]), int(correct[j]), delta=DELTA)
+        assert value == pytest.approx(scalar, abs=1e-6)  # rows may stop their search a round apart
+    assert isinstance(epsilon_lower_bound(1000, 50, 40, delta=DELTA), float)
+
+
+# -- properties --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts(), deltas, confidences)
+def test_more_correct_guesses_never_lower_the_bound(c, delta, confidence):
+    m, guesses, correct = c
+    if correct < guesses:
+        pair = np.array([correct, correct + 1])
+        low, high = epsilon_lower_bound(m, guesses, pair, delta=delta, confidence=confidence)
+        assert high >= low - 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts(), st.sampled_from([(1e-6, 1e-4), (1e-5, 1e-3), (1e-3, 1e-2)]), confidences)
+def test_larger_delta_never_raises_the_bound(c, deltas_pair, confidence):
+    """A larger δ makes the claim weaker and the p-value β + 2mδα larger: ε_L can only shrink."""
+    small, large = (epsilon_lower_bound(*c, delta=d, confidence=confidence) for d in deltas_pair)
+    assert large <= small + 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts(), deltas, st.sampled_from([(0.8, 0.9), (0.9, 0.95), (0.95, 0.99)]))
+def test_higher_confidence_never_raises_the_bound(c, delta, confidence_pair):
+    """Higher confidence allows a smaller p-value, so fewer ε are rejected: ε_L can only shrink."""
+    lower, higher = (epsilon_lower_bound(*c, delta=delta, confidence=k) for k in confidence_pair)
+    assert higher <= lower + 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts(max_m=2000), deltas)
+def test_bound_never_exceeds_the_optimum(c, delta):
+    assert epsilon_lower_bound(*c, delta=delta) <= optimal_epsilon(c[0], delta=delta) + 1e-6
+
+
+@pytest.mark.parametrize(
+    "m, guesses, correct", [(1000, 100, 80), (1000, 500, 350), (10_000, 1000, 700), (5000, 300, 250)]
+)
+def test_fdp_bound_is_tighter_in_typical_settings(m, guesses, correct):
+    assert fdp_epsilon_lower_bound(m, guesses, correct, delta=DELTA) > epsilon_lower_bound(
+        m, guesses, correct, delta=DELTA
+    )
+
+
+def test_required_canaries_is_the_first_m_that_suffices():
+    m = required_canaries(5.0, delta=DELTA)
+    assert optimal_epsilon(m - 1, delta=DELTA) <= 5.0 < optimal_epsilon(m, delta=DELTA)
+
+
+def test_required_canaries_says_when_no_m_suffices():
+    with pytest.raises(ValueError, match="no number of canaries.*epsilon=9"):
+        required_canaries(9.0, delta=DELTA)
+
+
+def test_clopper_pearson_shrinks_with_errors():
+    values = clopper_pearson_epsilon(np.array([0, 10, 100]), 10, 1000, 1000, delta=DELTA)
+    assert np.all(np.diff(values) < 0) and values[-1] > 0
+
+
+# -- soundness on simulated data -----------------------------------------------------------------
+
+
+def allowed_exceedances(repetitions: int, level: float) -> int:
+    """Largest count a correct bound reaches with probability >= 1 - TEST_ERROR (binomial tail)."""
+    return int(stats.binom.isf(TEST_ERROR, repetitions, level))
+
+
+@pytest.mark.parametrize("true_epsilon", [0.0, 1.0])
+@pytest.mark.parametrize("guesses", [20, 200, 1000])
+def test_bound_is_sound_on_randomized_response(true_epsilon, guesses):
+    """Guesses right with probability e^ε/(1 + e^ε), the most an ε-DP mechanism allows.
+
+    Of 2000 audits at 95 % confidence, at most the binomial quantile of level 5 % may report
+    ε_L > ε; the test fails with probability < 1e-4 when the bound is correct.
+    """
+    rng = np.random.default_rng(guesses + int(10 * true_epsilon))
+    correct = rng.binomial(guesses, math.exp(true_epsilon) / (1 + math.exp(true_epsilon)), size=2000)
+    bounds = epsilon_lower_bound(1000, guesses, correct, delta=DELTA)
+    assert np.sum(bounds > true_epsilon) <= allowed_exceedances(2000, 0.05)
+
+
+@pytest.mark.parametrize("estimator", [epsilon_lower_bound, fdp_epsilon_lower_bound])
+def test_bounds_are_sound_on_fair_coins(estimator):
+    """Membership guesses that are fair coins: no bound may exceed 0 more often than the level allows.
+
+    Fails with probability < 1e-4 when the bound is correct.
+    """
+    correct = np.random.default_rng(1).binomial(150, 0.5, size=2000)
+    bounds = estimator(1000, 150, correct, delta=DELTA)
+    assert np.sum(bounds > 0) <= allowed_exceedances(2000, 0.05)
+
+
+@pytest.mark.parametrize("estimator", [epsilon_lower_bound, fdp_epsilon_lower_bound])
+def test_bounds_are_sound_for_a_gaussian_mechanism(estimator):
+    """Each canary's score is μ·(±½) plus N(0, 1) noise: μ-GDP, hence (ε(μ, δ), δ)-DP.
+
+    The attack guesses the sign on the 100 scores farthest from 0 and abstains on the rest. Of
+    2000 audits at 95 % confidence, the count reporting ε_L > ε(μ, δ) must stay within the binomial
+    quantile; fails with probability < 1e-4 when the bound is correct.
+    """
+    mu, m, guesses = 1.0, 1000, 100
+    rng = np.random.default_rng(2)
+    members = rng.integers(0, 2, size=(2000, m)) * 2 - 1
+    scores = mu * members / 2 + rng.standard_normal((2000, m))
+    confident = np.argsort(-np.abs(scores), axis=1)[:, :guesses]
+    rows = np.arange(2000)[:, None]
+    correct = np.sum(np.sign(scores[rows, confident]) == members[rows, confident], axis=1)
+    true_epsilon = _gdp_epsilon(mu, DELTA)
+    bounds = estimator(m, guesses, correct, delta=DELTA)
+    assert np.sum(bounds > true_epsilon) <= allowed_exceedances(2000, 0.05)
+
+
+def _gdp_epsilon(mu: float, delta: float) -> float:
+    from scipy.optimize import brentq
+
+    def excess(eps):
+        return stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta
+
+    return brentq(excess, 0.0, 50.0)
+
+
+# -- validation and imports ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((0, 0, 0), {}, r"m must be >= 1, got 0"),
+        ((10, 11, 0), {}, r"guesses must be in \[0, 10\], got 11"),
+        ((10, -1, 0), {}, r"guesses must be in \[0, 10\], got -1"),
+        ((10, 5, 6), {}, r"correct must be in \[0, 5\], got 6"),
+        ((10, 5, -1), {}, r"correct must be in \[0, 5\], got -1"),
+        ((10, 5, 2.5), {}, r"correct must be an integer"),
+        ((10, np.array([5, 12]), 1), {}, r"guesses must be in \[0, m\] = \[0, 10\], got 12"),
+        ((10, 5, 2), {"delta": 1.5}, r"delta must be in \(0, 1\), got 1.5"),
+        ((10, 5, 2), {"delta": 0.0}, r"delta must be in \(0, 1\)"),
+        ((10, 5, 2), {"confidence": 1.0}, r"confidence must be in \(0, 1\)"),
+    ],
+)
+@pytest.mark.parametrize("estimator", [epsilon_lower_bound, fdp_epsilon_lower_bound])
+def test_bad_counts_raise(estimator, args, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        estimator(*args, **{"delta": DELTA, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: optimal_epsilon(0, delta=DELTA), r"m must be >= 1"),
+        (lambda: optimal_epsilon(10, delta=2.0), r"delta must be in \(0, 1\)"),
+        (lambda: required_canaries(-1.0, delta=DELTA), r"epsilon must be in \[0, inf\]"),
+        (
+            lambda: clopper_pearson_epsilon(11, 0, 10, 10, delta=DELTA),
+            r"false_positives must be in \[0, 10\], got 11",
+        ),
+        (lambda: clopper_pearson_epsilon(0, 0, 0, 10, delta=DELTA), r"negatives must be >= 1"),
+        (
+            lambda: clopper_pearson_epsilon(0, 0, 10, 10, delta=DELTA, confidence=0),
+            r"confidence must be in \(0, 1\)",
+        ),
+    ],
+)
+def test_other_bad_input_raises(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_modules_import_without_deep_learning_frameworks():
+    code = (
+        "import sys, dpverify.bounds, dpverify.accounting; "
+        "print(sorted({'torch', 'tensorflow', 'jax'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
