@@ -32,20 +32,14 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _estimator(name: str) -> Callable[..., float]:
-    from dpverify import bounds
-
-    return bounds.fdp_epsilon_lower_bound if name == "fdp" else bounds.epsilon_lower_bound
-
-
 def audit_ceiling(config: AuditConfig, m: int | None = None) -> float:
-    """ε_O of this audit: the largest ε_L its guess rule and estimator could report, all guesses correct."""
+    """ε_O of this audit: the largest ε_L its guess rule could report, every guess correct."""
+    from dpverify.bounds import epsilon_lower_bound
+
     m = config.canaries.m if m is None else m
-    estimator = _estimator(config.estimator)
     counts = config.guess_rule.counts(m)
     confidence = config.guess_rule.corrected_confidence(config.confidence)
-    delta = config.hyperparameters.delta
-    return max(float(estimator(m, int(k), int(k), delta=delta, confidence=confidence)) for k in counts)
+    return float(np.max(epsilon_lower_bound(m, counts, counts, delta=config.hyperparameters.delta, confidence=confidence)))
 
 
 def canaries_needed(config: AuditConfig, claimed_epsilon: float) -> int | None:
@@ -126,7 +120,6 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
         design=config.design,
         relation=config.relation,
         delta=config.hyperparameters.delta,
-        estimator=config.estimator,
         confidence=config.confidence,
         m=m,
         seed=config.seed,
@@ -192,16 +185,17 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
     scores = (
         self_comparison_scores(log_probs, shown, other) if config.score == "self_comparison" else loss_scores(log_probs, shown)
     )
-    estimator = _estimator(config.estimator)
-    per_audit_confidence = config.guess_rule.corrected_confidence(config.confidence)
-    rows = []
-    for count in config.guess_rule.counts(m):
-        correct = count_correct(guesses_from_scores(scores, int(count), sides=config.guess_rule.sides), membership)
-        bound = float(estimator(m, int(count), correct, delta=config.hyperparameters.delta, confidence=per_audit_confidence))
-        rows.append((int(count), correct, bound))
-    guesses, correct, epsilon_lower_bound = max(rows, key=lambda row: row[2])
+    from dpverify.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
+
+    counts = config.guess_rule.counts(m)
+    corrects = np.array([count_correct(guesses_from_scores(scores, int(k), sides=config.guess_rule.sides), membership) for k in counts])
+    bound_kwargs = dict(delta=config.hyperparameters.delta, confidence=config.guess_rule.corrected_confidence(config.confidence))
+    bounds = np.atleast_1d(epsilon_lower_bound(m, counts, corrects, **bound_kwargs))
+    rows = [(int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds)]
+    guesses, correct, lower_bound = max(rows, key=lambda row: row[2])
+    fdp_bound = float(fdp_epsilon_lower_bound(m, guesses, correct, **bound_kwargs))
     ceiling = audit_ceiling(config)
-    if epsilon_lower_bound > claimed_epsilon:
+    if lower_bound > claimed_epsilon:
         verdict, needed = "violation", None
     elif claimed_epsilon >= ceiling:
         verdict, needed = "undecided", canaries_needed(config, claimed_epsilon)
@@ -213,7 +207,8 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
         claimed_epsilon=claimed_epsilon,
         library_epsilon=trained.claim.epsilon,
         claim_derivation=derivation,
-        epsilon_lower_bound=epsilon_lower_bound,
+        epsilon_lower_bound=lower_bound,
+        fdp_epsilon_lower_bound=fdp_bound,
         guesses=guesses,
         correct=correct,
         optimal_epsilon=ceiling,

@@ -13,7 +13,6 @@ from dpverify.scoring import SCORE_KINDS, GuessRule
 
 Design = Literal["inclusion", "pair"]
 DESIGNS: tuple[str, ...] = ("inclusion", "pair")
-ESTIMATORS: tuple[str, ...] = ("steinke", "fdp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DESIGN_RELATION = {"inclusion": "add_remove", "pair": "replace_one"}
 
@@ -34,7 +33,6 @@ class AuditConfig:
     design: Design = "inclusion"
     score: str = "self_comparison"
     guess_rule: GuessRule = field(default_factory=GuessRule)
-    estimator: str = "steinke"
     confidence: float = 0.95
     seed: int = 0
     device: str = "auto"
@@ -42,7 +40,6 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check_choice("design", self.design, DESIGNS)
         check_choice("score", self.score, SCORE_KINDS)
-        check_choice("estimator", self.estimator, ESTIMATORS)
         check_choice("device", self.device, DEVICES)
         check_probability("confidence", self.confidence)
         check_int("seed", self.seed, low=0)
@@ -70,7 +67,7 @@ HYPERPARAMETER_FIELDS = (
     "learning_rate",
     "delta",
 )
-TOP_FIELDS = ("design", "score", "estimator", "confidence", "seed", "device")
+TOP_FIELDS = ("design", "score", "confidence", "seed", "device")
 GUESS_FIELDS = ("guesses", "sides")
 OVERRIDABLE = CANARY_FIELDS + ARCHITECTURE_FIELDS + HYPERPARAMETER_FIELDS + TOP_FIELDS + GUESS_FIELDS + ("epsilon",)
 

@@ -16,7 +16,7 @@ from dpverify.session import RESULT_PROPERTY, RESULTS_KEY, SESSION_KEY, AuditSes
 
 MARKER_HELP = (
     "dp_audit(**settings): settings for the audits this test runs through the dp_audit fixture "
-    "(epsilon, delta, design, m, dimension, num_classes, hidden_width, epochs, ... , profile), and "
+    "(epsilon, delta, design, m, dimension, num_classes, hidden_width, epochs, ..., profile), and "
     "audits=N: how many audits the test runs (the session divides its level among all audits)"
 )
 

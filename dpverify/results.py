@@ -29,6 +29,9 @@ class AuditResult:
     - ``pass`` otherwise. A pass is not a proof of privacy: ε_L is a lower bound.
 
     ``confidence`` is this audit's own level after the session has divided its level among its audits.
+    ``fdp_epsilon_lower_bound`` (Mahloujifar, Melis & Chaudhuri 2024, at the chosen guess count) is reported
+    beside it and never decides the verdict: it refutes μ-Gaussian DP, a stronger claim than the (ε, δ)
+    a library states.
     """
 
     implementation: str
@@ -41,6 +44,7 @@ class AuditResult:
     claim_derivation: str = ""
     delta: float
     epsilon_lower_bound: float
+    fdp_epsilon_lower_bound: float | None = None
     estimator: str = "steinke"
     confidence: float
     m: int
@@ -80,6 +84,7 @@ class AuditResult:
             "delta": self.delta,
             "epsilon_lower_bound": _json_float(self.epsilon_lower_bound),
             "estimator": self.estimator,
+            "fdp_epsilon_lower_bound": _json_float(self.fdp_epsilon_lower_bound),
             "confidence": self.confidence,
             "optimal_epsilon": _json_float(self.optimal_epsilon),
             "canaries_needed": self.canaries_needed,

@@ -114,7 +114,7 @@ def audit_configs(
     max_hidden_width: int = 1000,
     designs: tuple[str, ...] = ("inclusion", "pair"),
 ) -> st.SearchStrategy[AuditConfig]:
-    """Whole audit configurations: the profile's guess rule and estimator, generated canaries and training."""
+    """Whole audit configurations: the profile's guess rule, generated canaries, model and training."""
     check_int("min_hidden_width", min_hidden_width, low=1)
     _bounds("hidden_width", min_hidden_width, max_hidden_width)
     base = profile_config(profile)
@@ -125,5 +125,4 @@ def audit_configs(
         hyperparameters=hyperparameters if hyperparameters is not None else dp_hyperparameters(),
         design=st.sampled_from(designs),
         guess_rule=st.just(base.guess_rule),
-        estimator=st.just(base.estimator),
     )
