@@ -1,0 +1,250 @@
+"""The TF-Privacy plugin: its claim, calibration, input pipeline, black box, and white-box checks that each
+buggy variant changes TF-Privacy's real DP step in exactly the intended way.
+
+Tests that need TF-Privacy skip with a reason when it is missing (``pip install 'dpverify[tf-privacy]'``).
+Everything trains tiny models; the statistical checks state their tolerance and error rate.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dpverify_tfprivacy
+from dpverify.contract import DPHyperparameters, MLPArchitecture, TrainingRequest
+from dpverify_tfprivacy._sampling import poisson_batches, seeds_for
+
+NAMES = ("tf-privacy-keras", "tf-privacy-no-noise", "tf-privacy-no-clipping", "tf-privacy-noise-for-mean")
+STEP_OF = {
+    "tf-privacy-keras": "correct",
+    "tf-privacy-no-noise": "no_noise",
+    "tf-privacy-no-clipping": "no_clipping",
+    "tf-privacy-noise-for-mean": "noise_for_mean",
+}
+# The RDP orders TF-Privacy's compute_dp_sgd_privacy and compute_noise use.
+TF_PRIVACY_ORDERS = [1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5] + list(range(5, 64)) + [128, 256, 512]
+
+
+@pytest.fixture(scope="module")
+def tf_privacy():
+    return pytest.importorskip("tensorflow_privacy", reason="needs TF-Privacy: pip install 'dpverify[tf-privacy]'")
+
+
+@pytest.fixture(scope="module")
+def keras_module(tf_privacy):
+    from dpverify_tfprivacy import _keras
+
+    return _keras
+
+
+def implementation(name):
+    (found,) = [i for i in dpverify_tfprivacy.implementations() if i.info.name == name]
+    return found
+
+
+def tiny_request(seed=0, *, m=48, d=12, h=16, C=5, q=0.25, epochs=1, device="cpu", **hyper):
+    rng = np.random.default_rng(1234)
+    features = rng.standard_normal((m, d)).astype(np.float32)
+    labels = rng.integers(0, C, m).astype(np.int64)
+    hyper.setdefault("noise_multiplier", None if "target_epsilon" in hyper else 1.0)
+    return TrainingRequest(
+        features=features,
+        labels=labels,
+        num_classes=C,
+        architecture=MLPArchitecture(hidden_width=h),
+        hyperparameters=DPHyperparameters(sampling_rate=q, epochs=epochs, **hyper),
+        seed=seed,
+        device=device,
+    )
+
+
+# --- listing and info (no tensorflow needed) -------------------------------------------------------------
+
+
+def test_listing_does_not_import_tensorflow():
+    code = (
+        "import sys, dpverify_tfprivacy as p; names = [i.info.name for i in p.implementations()]; "
+        "assert 'tensorflow' not in sys.modules and 'tensorflow_privacy' not in sys.modules, 'imported TF'; "
+        "print(','.join(names))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().split(",") == list(NAMES)
+
+
+def test_infos():
+    infos = {i.info.name: i.info for i in dpverify_tfprivacy.implementations()}
+    assert tuple(infos) == NAMES
+    for info in infos.values():
+        assert info.library == "tensorflow-privacy"
+        assert info.requires == ("tensorflow", "tensorflow_privacy")
+        assert info.extra == "tf-privacy"
+        assert "Poisson" in info.notes and "realised batch size" in info.notes
+    assert infos["tf-privacy-keras"].expected == "private" and infos["tf-privacy-keras"].bug is None
+    for name, bug in (("tf-privacy-no-noise", 1), ("tf-privacy-no-clipping", 2), ("tf-privacy-noise-for-mean", 3)):
+        assert infos[name].expected == "violation"
+        assert infos[name].bug == bug and infos[name].detectability == "D1" and infos[name].breaks
+
+
+def test_poisson_batches_have_variable_sizes_with_mean_qN():
+    n, q, steps = 2000, 0.1, 400
+    sizes = np.array([b.size for b in poisson_batches(n, q, steps, seed=7)])
+    assert sizes.size == steps
+    assert len(np.unique(sizes)) > 10  # variable batch sizes, not fixed ones
+    # mean of 400 Binomial(2000, 0.1) sizes: sd 0.67; 4 is 6 sd (error rate < 1e-8)
+    assert abs(sizes.mean() - q * n) < 4
+    assert 0.8 < sizes.std() / math.sqrt(n * q * (1 - q)) < 1.2
+    again = [b for b in poisson_batches(n, q, steps, seed=7)]
+    assert all(np.array_equal(a, b) for a, b in zip(again, poisson_batches(n, q, steps, seed=7)))
+    assert all(b.dtype == np.int32 and np.all(np.diff(b) > 0) for b in again)
+
+
+def test_seeds_are_derived_and_distinct():
+    assert seeds_for(3) == seeds_for(3) and seeds_for(3) != seeds_for(4)
+    assert seeds_for(3).tensorflow != seeds_for(3).sampling
+
+
+# --- claim and calibration -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sigma, q, steps, delta",
+    [(1.0, 0.1, 200, 1e-5), (0.7, 0.07, 143, 1e-6), (2.5, 0.013, 1000, 1e-5), (1.3, 1 / 3, 7, 1e-3)],
+)
+def test_claim_is_tf_privacy_accountant(tf_privacy, sigma, q, steps, delta):
+    import dp_accounting
+
+    from dpverify_tfprivacy import _accounting
+
+    accountant = dp_accounting.rdp.RdpAccountant(TF_PRIVACY_ORDERS)
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    claim = _accounting.claim(sigma, q, steps, delta)
+    assert claim.epsilon == pytest.approx(accountant.get_epsilon(delta), rel=1e-12)
+    assert (claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta) == (sigma, q, steps, delta)
+    assert claim.relation == "add_remove"
+    # one step more would be a different (larger) claim: the step count is exact
+    assert _accounting.tf_privacy_epsilon(sigma, q, steps + 1, delta) > claim.epsilon
+
+
+def test_zero_noise_claims_infinity(tf_privacy):
+    from dpverify_tfprivacy import _accounting
+
+    assert _accounting.claim(0.0, 0.1, 20, 1e-5).epsilon == math.inf
+
+
+@pytest.mark.parametrize("target, q, steps", [(1.0, 0.1, 200), (8.0, 0.05, 60), (300.0, 0.1, 10)])
+def test_calibration_within_one_percent(tf_privacy, target, q, steps):
+    from dpverify_tfprivacy import _accounting
+
+    sigma = _accounting.calibrate_noise_multiplier(target, q, steps, 1e-5)
+    assert _accounting.tf_privacy_epsilon(sigma, q, steps, 1e-5) == pytest.approx(target, rel=0.01)
+
+
+def test_trained_claims_are_tf_privacys_and_variants_keep_them(tf_privacy):
+    from dpverify_tfprivacy import _accounting
+
+    request = tiny_request(target_epsilon=3.0, epochs=2)
+    hp = request.hyperparameters
+    sigma = _accounting.calibrate_noise_multiplier(3.0, hp.sampling_rate, hp.steps, hp.delta)
+    expected = _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta)
+    for name in NAMES:
+        trained = implementation(name).train(request)
+        assert trained.claim == expected, name
+        assert trained.claim.epsilon == pytest.approx(3.0, rel=0.01)
+
+
+# --- training and the black box --------------------------------------------------------------------------
+
+
+def test_black_box_shape_dtype_and_determinism(tf_privacy):
+    impl = implementation("tf-privacy-keras")
+    request = tiny_request(seed=5)
+    first = impl.train(request)
+    out = first.predict_log_proba(request.features)
+    assert out.shape == (request.num_records, request.num_classes) and out.dtype == np.float64
+    assert np.all(np.isfinite(out)) and np.allclose(np.exp(out).sum(axis=1), 1.0)
+    assert first.device == "cpu"
+    np.testing.assert_array_equal(impl.train(tiny_request(seed=5)).predict_log_proba(request.features), out)
+    assert not np.allclose(impl.train(tiny_request(seed=6)).predict_log_proba(request.features), out)
+    # batched prediction agrees with a one-shot call, and the empty input is fine
+    assert first.predict_log_proba(request.features[:0]).shape == (0, request.num_classes)
+    np.testing.assert_allclose(first.predict_log_proba(request.features[:7]), out[:7], rtol=1e-6)
+    with pytest.raises(ValueError, match="shape"):
+        first.predict_log_proba(request.features[:, :3])
+
+
+def test_run_takes_exactly_the_requested_poisson_steps(keras_module):
+    request = tiny_request(seed=2, m=40, q=0.1, epochs=3)  # 30 steps; P(empty batch) = 0.9^40 ≈ 1.5 %
+    run = keras_module.train_mlp(request, "correct", 1.0)
+    hp = request.hyperparameters
+    expected = [b.size for b in poisson_batches(40, hp.sampling_rate, hp.steps, seeds_for(2).sampling)]
+    assert list(run.batch_sizes) == expected and len(expected) == hp.steps == 30
+    assert len(set(expected)) > 1
+    assert run.optimizer_steps == sum(1 for b in expected if b > 0)
+
+
+def test_cuda_request_reports_where_it_ran(keras_module):
+    import tensorflow as tf
+
+    run = keras_module.train_mlp(tiny_request(device="cuda"), "correct", 1.0)
+    assert run.device == ("cuda" if tf.config.list_physical_devices("GPU") else "cpu")
+
+
+def test_divergence_is_an_error_naming_the_implementation(tf_privacy):
+    with pytest.raises(RuntimeError, match="tf-privacy-keras: training diverged"):
+        implementation("tf-privacy-keras").train(tiny_request(learning_rate=1e38, epochs=2))
+
+
+# --- white box: each variant changes TF-Privacy's step in exactly the intended way -------------------------
+
+CLIP, SIGMA = 2.0, 1.5
+
+
+def one_step_update(keras_module, step, per_example_grads, *, noise_multiplier):
+    """Apply one DP step with learning rate 1 to a zero variable v, with per-example loss <g_i, v> so that
+    record i's gradient is g_i; return the update, i.e. minus (noisy sum of clipped rows) / B."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(11)
+    grads = tf.constant(np.asarray(per_example_grads, dtype=np.float32))
+    variable = tf.Variable(tf.zeros(grads.shape[1]))
+    optimizer = keras_module.make_dp_optimizer(
+        step, l2_norm_clip=CLIP, noise_multiplier=noise_multiplier, learning_rate=1.0
+    )
+    with tf.GradientTape() as tape:
+        loss = tf.linalg.matvec(grads, variable)
+    optimizer.minimize(loss, [variable], tape=tape)
+    return variable.numpy().astype(np.float64)
+
+
+NOISE_FACTOR = {"correct": 1.0, "no_noise": 0.0, "no_clipping": 1.0, "noise_for_mean": None}  # None: 1/B
+
+
+@pytest.mark.parametrize("step", list(NOISE_FACTOR))
+def test_noise_on_the_sum_of_a_zero_gradient_step(keras_module, step):
+    batch, dim = 4, 100_000
+    update = one_step_update(keras_module, step, np.zeros((batch, dim)), noise_multiplier=SIGMA)
+    measured = np.std(update * batch)  # the noise on the sum (TF-Privacy divides the noisy sum by B)
+    factor = NOISE_FACTOR[step] if NOISE_FACTOR[step] is not None else 1.0 / batch
+    intended = SIGMA * CLIP * factor
+    if intended == 0:
+        assert measured == 0.0
+    else:
+        # sample std of 100 000 Gaussians: relative sd 0.22 %; 2 % is 9 sd (error rate < 1e-18)
+        assert measured == pytest.approx(intended, rel=0.02)
+        assert abs(np.mean(update * batch)) < 5 * intended / math.sqrt(dim)
+
+
+@pytest.mark.parametrize("step", list(NOISE_FACTOR))
+def test_rows_are_clipped_except_in_the_no_clipping_variant(keras_module, step):
+    # record 0: norm 10 C along e0; record 1: norm C/2 along e1; no noise, so the update is exact
+    grads = np.zeros((2, 3))
+    grads[0, 0], grads[1, 1] = 10 * CLIP, 0.5 * CLIP
+    update = one_step_update(keras_module, step, grads, noise_multiplier=0.0)
+    big_row = 10 * CLIP if step == "no_clipping" else CLIP  # only the bug lets a row exceed C
+    np.testing.assert_allclose(-update * 2, [big_row, 0.5 * CLIP, 0.0], rtol=1e-6)  # divided by B = 2
