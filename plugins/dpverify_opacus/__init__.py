@@ -1,5 +1,246 @@
-"""Placeholder until the plugin lands."""
+"""Opacus 1.6 under audit: the library as users call it, and deliberately buggy variants of it.
+
+``opacus-ghost`` and ``opacus-hooks`` train with ``PrivacyEngine.make_private`` (Poisson sampling through
+Opacus' ``DPDataLoader``, ``grad_sample_mode`` "ghost" or "hooks") and claim what Opacus' accountant
+states: RDP ε as ``epsilon``, the PRV ε of the same history as ``other_epsilons["opacus.prv"]``.
+
+Each variant (``opacus-no-noise``, ...) changes one rule of a correct DP-SGD step (a row of
+``bugs.md``) inside the real Opacus code path and keeps Opacus' claim; see
+:mod:`dpverify_opacus.variants` for how. :func:`noise_scaled` builds (without registering) Opacus with its
+noise divided by k, for benchmarks of the smallest noise deficit an audit catches.
+
+Importing this package is cheap: torch and opacus are imported inside :meth:`OpacusImplementation.train`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest
+
+__all__ = ["OpacusImplementation", "VariantSpec", "VARIANTS", "implementations", "noise_scaled", "variant"]
+
+_REQUIRES = ("torch", "opacus")
 
 
-def implementations():
-    return []
+class OpacusImplementation(Implementation):
+    """Opacus' PrivacyEngine in ``grad_sample_mode``, with an optional tweak (a buggy variant)."""
+
+    def __init__(
+        self,
+        info: ImplementationInfo,
+        *,
+        grad_sample_mode: str = "ghost",
+        tweak: str | None = None,
+        tweak_args: Mapping[str, Any] | None = None,
+    ):
+        if grad_sample_mode not in ("hooks", "ghost"):
+            raise ValueError(f"grad_sample_mode must be 'hooks' or 'ghost', got {grad_sample_mode!r}")
+        self.info = info
+        self.grad_sample_mode = grad_sample_mode
+        self.tweak = tweak
+        self.tweak_args = dict(tweak_args or {})
+
+    def make_tweak(self):
+        """The :class:`~dpverify_opacus._training.Tweak` object for this implementation (imports torch)."""
+        from dpverify_opacus.variants import make_tweak
+
+        return make_tweak(self.tweak, **self.tweak_args)
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        from dpverify_opacus._training import train_opacus
+
+        return train_opacus(
+            request, name=self.info.name, grad_sample_mode=self.grad_sample_mode, tweak=self.make_tweak()
+        )
+
+
+def _correct(name: str, mode: str, notes: str) -> OpacusImplementation:
+    info = ImplementationInfo(name=name, library="opacus", requires=_REQUIRES, extra="opacus", notes=notes)
+    return OpacusImplementation(info, grad_sample_mode=mode)
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """A buggy variant: its name, the tweak that makes it, and what it breaks."""
+
+    name: str
+    bug: int
+    tweak: str
+    breaks: str
+    detectability: str
+    notes: str
+    tweak_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def build(self) -> OpacusImplementation:
+        info = ImplementationInfo(
+            name=self.name,
+            library="opacus",
+            requires=_REQUIRES,
+            extra="opacus",
+            expected="violation",
+            breaks=self.breaks,
+            bug=self.bug,
+            detectability=self.detectability,  # type: ignore[arg-type]
+            notes=self.notes,
+        )
+        return OpacusImplementation(info, grad_sample_mode="ghost", tweak=self.tweak, tweak_args=self.tweak_args)
+
+
+VARIANTS: tuple[VariantSpec, ...] = (
+    VariantSpec(
+        name="opacus-no-noise",
+        bug=1,
+        tweak="scaled_noise",
+        tweak_args={"scale": 0.0},
+        breaks="noise N(0, σ²C²) must be added to the clipped sum at every step; this step adds none",
+        detectability="D1",
+        notes="DPOptimizer.add_noise runs with noise_multiplier 0 (restored before the accountant hook reads it)",
+    ),
+    VariantSpec(
+        name="opacus-no-clipping",
+        bug=2,
+        tweak="no_clipping",
+        breaks="each per-example gradient must be clipped to norm C; here rows are summed unclipped while "
+        "the noise is still σ·C for the nominal C",
+        detectability="D1",
+        notes="the ghost-clipping module's max_grad_norm is set to inf; the optimizer keeps C for the noise",
+    ),
+    VariantSpec(
+        name="opacus-noise-for-mean",
+        bug=3,
+        tweak="scaled_noise",
+        tweak_args={"scale": "per_batch"},
+        breaks="the noise on the sum of clipped rows must have std σ·C; here it is σ·C/B (σ·C on the mean)",
+        detectability="D1",
+        notes="DPOptimizer.add_noise with noise_multiplier / expected_batch_size; D1 since B = qN ≈ 100 in an audit",
+    ),
+    VariantSpec(
+        name="opacus-batch-clipping",
+        bug=4,
+        tweak="batch_clipping",
+        breaks="each example's gradient must be clipped by its own norm; here the batch's mean gradient is "
+        "clipped to C as one row (the sum to B·C)",
+        detectability="D2",
+        notes="ghost per-row clipping off (module max_grad_norm = inf); DPOptimizerFastGradientClipping."
+        "accumulate clips the summed gradient to expected_batch_size·C. D2 (the weaker end of D1–D2): "
+        "measured ε_L 1.38 at claimed ε 2 (quick profile, inclusion design, seed 0), a clear signal but "
+        "not an obvious catch",
+    ),
+    VariantSpec(
+        name="opacus-unnoised-layer",
+        bug=5,
+        tweak="unnoised_layer",
+        breaks="noise must be added to every coordinate of the clipped sum; the output layer gets none",
+        detectability="D1",
+        notes="DPOptimizer.add_noise, then the output Linear's weight and bias get their clipped sum back "
+        "un-noised; D1 (the stronger end of D1–D2) because the un-noised layer is the output layer, which "
+        "memorises the labels: measured ε_L 4.21 at claimed ε 2, 499/500 correct (quick profile, "
+        "inclusion design, seed 0)",
+    ),
+    VariantSpec(
+        name="opacus-duplicated-rows",
+        bug=6,
+        tweak="duplicated_rows",
+        tweak_args={"copies": 2},
+        breaks="each sampled record must contribute one clipped row; here it contributes two (sensitivity 2C "
+        "against noise for C)",
+        detectability="D2",
+        notes="Opacus' UniformWithReplacementSampler with each sampled index repeated twice in its batch",
+    ),
+    VariantSpec(
+        name="opacus-realised-batch-norm",
+        bug=7,
+        tweak="realised_batch",
+        breaks="the noisy sum must be divided by a data-independent constant (q·N); here by the realised "
+        "batch size",
+        detectability="D3",
+        notes="DPOptimizer.scale_grad divides by the number of rows of the step (Opacus #571); D3, the "
+        "weaker end of D2–D3",
+    ),
+    VariantSpec(
+        name="opacus-accountant-steps",
+        bug=8,
+        tweak="accountant_steps",
+        tweak_args={"every": 4},
+        breaks="the accountant must compose every step taken; here it records one step in four",
+        detectability="D3",
+        notes="the accountant's optimizer step hook runs on every 4th step only, and a target ε is calibrated "
+        "for steps/4; the claim states the accounted steps, so the claim's steps differ from the request's; "
+        "D3, the weaker end of D2–D3",
+    ),
+    VariantSpec(
+        name="opacus-shuffled-batches",
+        bug=9,
+        tweak="shuffled_batches",
+        breaks="the accountant assumes Poisson sampling; here batches are fixed-size shuffled partitions",
+        detectability="D3",
+        notes="make_private(poisson_sampling=False) over a loader of shuffled near-equal batches",
+    ),
+    VariantSpec(
+        name="opacus-replace-one-claim",
+        bug=10,
+        tweak="replace_one_claim",
+        breaks="a claim must name the neighbouring relation its accountant computed; here the add/remove ε "
+        "is stated as replace-one",
+        detectability="D3",
+        notes="Opacus' RDP (add/remove) ε with relation='replace_one'",
+    ),
+    VariantSpec(
+        name="opacus-microbatches",
+        bug=11,
+        tweak="microbatches",
+        tweak_args={"size": 2},
+        breaks="each clipped row must belong to one record; here rows are means over pairs of records, "
+        "accounted as if each record were clipped alone",
+        detectability="D3",
+        notes="records paired as the 2 sequence positions of Opacus' ghost clipping (criterion shape=(B/2, 2, C)); "
+        "sum divided by the expected number of pairs",
+    ),
+    VariantSpec(
+        name="opacus-reused-noise",
+        bug=12,
+        tweak="reused_noise",
+        breaks="noise must be fresh at every step; here the same noise vector is added at every step",
+        detectability="D4",
+        notes="the noise generator is reseeded before each DPOptimizer.add_noise; D4, the weaker end of D3–D4",
+    ),
+)
+
+
+def variant(name: str) -> OpacusImplementation:
+    """Build the buggy variant called ``name``."""
+    for spec in VARIANTS:
+        if spec.name == name:
+            return spec.build()
+    raise KeyError(f"no Opacus variant named {name!r}; known: {', '.join(s.name for s in VARIANTS)}")
+
+
+def noise_scaled(k: float) -> OpacusImplementation:
+    """Opacus (ghost mode) whose noise std is divided by ``k`` while the claim stays Opacus' claim for σ.
+
+    Not registered; for benchmarks of the smallest noise deficit an audit catches. ``k = 1`` is the
+    correct library."""
+    if not k >= 1:
+        raise ValueError(f"k must be >= 1, got {k!r}")
+    info = ImplementationInfo(
+        name=f"opacus-noise-div-{k:g}",
+        library="opacus",
+        requires=_REQUIRES,
+        extra="opacus",
+        expected="violation" if k > 1 else "private",
+        breaks=f"the noise on the clipped sum must have std σ·C; here it is σ·C/{k:g}" if k > 1 else None,
+        detectability=("D1" if k >= 10 else "D2" if k >= 2 else "D3") if k > 1 else None,
+        notes="benchmark variant: DPOptimizer.add_noise with noise_multiplier / k",
+    )
+    return OpacusImplementation(info, grad_sample_mode="ghost", tweak="scaled_noise", tweak_args={"scale": 1.0 / k})
+
+
+def implementations() -> list[Implementation]:
+    """Entry point of the group ``dpverify.implementations``: the library in both modes and its variants."""
+    return [
+        _correct("opacus-ghost", "ghost", "PrivacyEngine.make_private, grad_sample_mode='ghost' (ghost clipping)"),
+        _correct("opacus-hooks", "hooks", "PrivacyEngine.make_private, grad_sample_mode='hooks' (per-sample grads)"),
+        *(spec.build() for spec in VARIANTS),
+    ]

@@ -1,0 +1,279 @@
+"""A reusable conformance suite for implementations under audit (numpy only, no framework).
+
+Any registered implementation, built-in or third party, can be checked against the contract before it is
+audited: cheap, deterministic checks on tiny training runs that catch the errors an audit would report
+late or not at all (wrong output shapes, outputs that are not log-probabilities, a claim that is not
+about the requested run, a target ε missed, seeds that do not decide the run)::
+
+    from dpverify.conformance import run_conformance
+    run_conformance(my_implementation)
+
+Every check raises ``AssertionError`` with a message that names the implementation. Each ``check_*``
+takes an optional ``trained`` model so a test suite can train once and check several things; the model
+is returned so it can be reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from dpverify.contract import (
+    RELATIONS,
+    DPHyperparameters,
+    Implementation,
+    MLPArchitecture,
+    PrivacyClaim,
+    TrainedModel,
+    TrainingRequest,
+)
+
+__all__ = [
+    "small_request",
+    "check_output_contract",
+    "check_claim_matches_request",
+    "check_determinism",
+    "check_calibration",
+    "with_target_epsilon",
+    "run_conformance",
+]
+
+#: |logsumexp(row)| allowed for a row of log-probabilities (float32 log-softmax is good to ~1e-6).
+LOGSUMEXP_ATOL = 1e-4
+
+
+def small_request(
+    *,
+    num_records: int = 100,
+    dimension: int = 8,
+    hidden_width: int = 16,
+    num_classes: int = 4,
+    noise_multiplier: float | None = 2.0,
+    target_epsilon: float | None = None,
+    max_grad_norm: float = 1.0,
+    sampling_rate: float = 0.1,
+    epochs: int = 1,
+    learning_rate: float = 0.5,
+    delta: float = 1e-5,
+    seed: int = 0,
+    data_seed: int = 0,
+    feature_scale: float = 1.0,
+    device: str = "cpu",
+) -> TrainingRequest:
+    """A tiny training request (default: 100 records, d = 8, h = 16, C = 4, q = 0.1, 1 epoch = 10 steps,
+    σ = 2) that any implementation trains in well under a second.
+
+    Features are Gaussian rows scaled to norm ``feature_scale``, labels uniform, both drawn from
+    ``data_seed``; ``seed`` is the training seed. Giving ``target_epsilon`` drops ``noise_multiplier``.
+    The defaults make an empty Poisson batch rare ((1 - q)^m ≈ 3e-5 per step), keep q·m an integer, so
+    every library's expected batch size is the same, and keep accounting cheap: RDP accountants are
+    slowest for σ near 1 and large q."""
+    if target_epsilon is not None:
+        noise_multiplier = None
+    rng = np.random.default_rng(data_seed)
+    features = rng.standard_normal((num_records, dimension))
+    features *= feature_scale / np.maximum(np.linalg.norm(features, axis=1, keepdims=True), 1e-12)
+    labels = rng.integers(0, num_classes, size=num_records)
+    return TrainingRequest(
+        features=features.astype(np.float32),
+        labels=labels.astype(np.int64),
+        num_classes=num_classes,
+        architecture=MLPArchitecture(hidden_width=hidden_width),
+        hyperparameters=DPHyperparameters(
+            noise_multiplier=noise_multiplier,
+            target_epsilon=target_epsilon,
+            max_grad_norm=max_grad_norm,
+            sampling_rate=sampling_rate,
+            epochs=epochs,
+            learning_rate=learning_rate,
+            delta=delta,
+        ),
+        seed=seed,
+        device=device,
+    )
+
+
+def _name(impl: Implementation) -> str:
+    info = getattr(impl, "info", None)
+    return getattr(info, "name", None) or type(impl).__name__
+
+
+def _train(impl: Implementation, request: TrainingRequest) -> TrainedModel:
+    trained = impl.train(request)
+    assert isinstance(trained, TrainedModel), (
+        f"{_name(impl)}: train() must return a dpverify.contract.TrainedModel, got {type(trained).__name__}"
+    )
+    return trained
+
+
+def _log_proba(impl: Implementation, trained: TrainedModel, features: np.ndarray) -> np.ndarray:
+    out = trained.predict_log_proba(features)
+    assert isinstance(out, np.ndarray), (
+        f"{_name(impl)}: predict_log_proba must return a numpy array, got {type(out).__name__}"
+    )
+    return out
+
+
+def check_output_contract(
+    impl: Implementation, request: TrainingRequest, trained: TrainedModel | None = None
+) -> TrainedModel:
+    """The black box and the claim have the contract's form.
+
+    Outputs on the canaries, on fresh features of another row count, and on a single row: shape (n, C),
+    a float dtype, all finite (a correct implementation on the small request does not diverge), every
+    row a log-probability vector (logsumexp within ``LOGSUMEXP_ATOL`` of 0, all entries <= 0). The claim
+    is a :class:`PrivacyClaim` for the request's δ, with a known relation, and ``device`` is ``"cpu"`` or
+    ``"cuda"`` (``"cpu"`` when CPU was requested)."""
+    name = _name(impl)
+    trained = trained if trained is not None else _train(impl, request)
+    assert isinstance(trained.claim, PrivacyClaim), f"{name}: claim must be a PrivacyClaim, got {trained.claim!r}"
+    assert trained.device in ("cpu", "cuda"), f"{name}: device must be 'cpu' or 'cuda', got {trained.device!r}"
+    if request.device == "cpu":
+        assert trained.device == "cpu", f"{name}: CPU was requested but training reports device {trained.device!r}"
+
+    rng = np.random.default_rng(12345)
+    fresh = rng.standard_normal((request.num_records + 3, request.dimension)).astype(np.float32)
+    for label, features in (
+        ("the canaries", request.features),
+        ("fresh features", fresh),
+        ("a single row", request.features[:1]),
+    ):
+        out = _log_proba(impl, trained, features)
+        expected_shape = (features.shape[0], request.num_classes)
+        assert out.shape == expected_shape, (
+            f"{name}: predict_log_proba on {label} returned shape {out.shape}, expected {expected_shape}"
+        )
+        assert np.issubdtype(out.dtype, np.floating), (
+            f"{name}: predict_log_proba on {label} returned dtype {out.dtype}, expected a float dtype"
+        )
+        bad = ~np.isfinite(out)
+        assert not bad.any(), (
+            f"{name}: predict_log_proba on {label} returned {int(bad.sum())} non-finite values "
+            f"(rows {np.flatnonzero(bad.any(axis=1))[:5].tolist()}...); training diverged or failed"
+        )
+        values = out.astype(np.float64)
+        peak = values.max(axis=1, keepdims=True)
+        lse = (peak + np.log(np.exp(values - peak).sum(axis=1, keepdims=True)))[:, 0]
+        worst = int(np.argmax(np.abs(lse)))
+        assert abs(lse[worst]) <= LOGSUMEXP_ATOL, (
+            f"{name}: row {worst} of predict_log_proba on {label} is not a log-probability vector: "
+            f"logsumexp = {lse[worst]:.3g} (expected 0 within {LOGSUMEXP_ATOL:g}); return log-softmax outputs"
+        )
+        assert values.max() <= LOGSUMEXP_ATOL, f"{name}: a log-probability on {label} is positive ({values.max():.3g})"
+
+    claim = trained.claim
+    assert claim.delta == request.hyperparameters.delta, (
+        f"{name}: the claim is for δ = {claim.delta}, the request asked for δ = {request.hyperparameters.delta}"
+    )
+    assert claim.relation in RELATIONS, f"{name}: unknown neighbouring relation {claim.relation!r}"
+    return trained
+
+
+def check_claim_matches_request(
+    impl: Implementation, request: TrainingRequest, trained: TrainedModel | None = None
+) -> TrainedModel:
+    """The claim is about the requested run: sampling rate q, exactly ``hyperparameters.steps`` steps,
+    and the requested σ (or, with a target ε, some σ > 0: see :func:`check_calibration`). A private run
+    (σ > 0) claims a finite ε, a non-private one (σ = 0) an infinite ε."""
+    name = _name(impl)
+    trained = trained if trained is not None else _train(impl, request)
+    claim, hp = trained.claim, request.hyperparameters
+    assert math.isclose(claim.sampling_rate, hp.sampling_rate, rel_tol=1e-9), (
+        f"{name}: the claim's sampling rate {claim.sampling_rate!r} is not the requested q = {hp.sampling_rate!r}"
+    )
+    assert claim.steps == hp.steps, (
+        f"{name}: the claim accounts for {claim.steps} steps, the request asks for {hp.steps} "
+        f"({hp.epochs} epochs × {hp.steps_per_epoch} steps)"
+    )
+    if hp.noise_multiplier is not None:
+        assert math.isclose(claim.noise_multiplier, hp.noise_multiplier, rel_tol=1e-9, abs_tol=1e-12), (
+            f"{name}: the claim's noise multiplier {claim.noise_multiplier!r} is not the requested σ = "
+            f"{hp.noise_multiplier!r}"
+        )
+    else:
+        assert claim.noise_multiplier > 0, (
+            f"{name}: a target ε was requested but the claim's σ is {claim.noise_multiplier}"
+        )
+    if claim.noise_multiplier > 0:
+        assert math.isfinite(claim.epsilon), f"{name}: σ = {claim.noise_multiplier} > 0 but the claimed ε is infinite"
+    else:
+        assert math.isinf(claim.epsilon), f"{name}: σ = 0 (no noise) but the claimed ε is {claim.epsilon}, not infinite"
+    for key, value in claim.other_epsilons.items():
+        assert isinstance(value, float) and value >= 0, f"{name}: other_epsilons[{key!r}] = {value!r} is not an ε"
+    return trained
+
+
+def check_determinism(
+    impl: Implementation,
+    request: TrainingRequest,
+    trained: TrainedModel | None = None,
+    *,
+    atol: float = 1e-6,
+    check_seed_matters: bool = True,
+) -> TrainedModel:
+    """The request's seed decides the run on one device: a second training with the same request gives
+    the same outputs (within ``atol``) and the same claim. With ``check_seed_matters`` and σ > 0,
+    another seed must give different outputs (a seed that is ignored makes a run irreproducible)."""
+    name = _name(impl)
+    first = trained if trained is not None else _train(impl, request)
+    second = _train(impl, request)
+    probe = request.features
+    a, b = _log_proba(impl, first, probe), _log_proba(impl, second, probe)
+    assert a.shape == b.shape, f"{name}: two runs with seed {request.seed} gave shapes {a.shape} and {b.shape}"
+    diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+    assert diff <= atol, (
+        f"{name}: two runs with the same seed {request.seed} on {first.device} differ by up to {diff:.3g} "
+        f"in log-probability (allowed {atol:g}); seed every random source (init, sampling, noise)"
+    )
+    assert first.claim == second.claim, f"{name}: two runs with the same seed claim {first.claim} and {second.claim}"
+    hp = request.hyperparameters
+    if check_seed_matters and (hp.noise_multiplier is None or hp.noise_multiplier > 0):
+        other = dataclasses.replace(request, seed=request.seed + 1)
+        c = _log_proba(impl, _train(impl, other), probe)
+        assert not np.allclose(a, c, rtol=0.0, atol=atol), (
+            f"{name}: seeds {request.seed} and {request.seed + 1} gave the same outputs; the seed is ignored"
+        )
+    return first
+
+
+def check_calibration(
+    impl: Implementation, request: TrainingRequest, tolerance: float = 0.01, trained: TrainedModel | None = None
+) -> TrainedModel:
+    """With a target ε, the claimed ε is within ``tolerance`` (relative) of it and σ > 0."""
+    name = _name(impl)
+    target = request.hyperparameters.target_epsilon
+    if target is None:
+        raise ValueError(f"check_calibration needs a request with target_epsilon (checking {name})")
+    trained = trained if trained is not None else _train(impl, request)
+    claim = trained.claim
+    assert claim.noise_multiplier > 0, (
+        f"{name}: calibrated to ε = {target} but the claim's σ is {claim.noise_multiplier}"
+    )
+    assert math.isfinite(claim.epsilon) and abs(claim.epsilon - target) <= tolerance * target, (
+        f"{name}: calibrated to ε = {target:g} but claims ε = {claim.epsilon:.6g} "
+        f"(allowed {100 * tolerance:g} % off); σ = {claim.noise_multiplier:.6g}"
+    )
+    return trained
+
+
+def with_target_epsilon(request: TrainingRequest, target_epsilon: float) -> TrainingRequest:
+    """``request`` with σ replaced by a target ε (same data, seed and other hyperparameters)."""
+    hp = dataclasses.replace(request.hyperparameters, noise_multiplier=None, target_epsilon=target_epsilon)
+    return dataclasses.replace(request, hyperparameters=hp)
+
+
+def run_conformance(
+    impl: Implementation, *, request: TrainingRequest | None = None, target_epsilon: float = 1.0
+) -> None:
+    """All checks on ``request`` (default :func:`small_request`) and on its target-ε twin
+    (:func:`with_target_epsilon`)."""
+    request = request if request is not None else small_request()
+    trained = check_output_contract(impl, request)
+    check_claim_matches_request(impl, request, trained)
+    check_determinism(impl, request, trained)
+    calibrated_request = with_target_epsilon(request, target_epsilon)
+    calibrated = check_calibration(impl, calibrated_request)
+    check_output_contract(impl, calibrated_request, calibrated)
+    check_claim_matches_request(impl, calibrated_request, calibrated)

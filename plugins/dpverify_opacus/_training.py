@@ -1,0 +1,272 @@
+"""Opacus 1.6 training behind the contract: one loop for the correct library and all its variants.
+
+A variant is a :class:`Tweak`: it may choose the data loader, Opacus' ``poisson_sampling`` flag, the step
+count used for calibration, the forward/loss computation and the claimed relation, and it may change the
+objects ``PrivacyEngine.make_private`` returned (mix a subclass into the DPOptimizer or the sampler, wrap
+the accountant's step hook, ...). The correct implementations use the base :class:`Tweak`, which changes
+nothing. This module imports torch and opacus; the package's ``__init__`` does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from opacus import PrivacyEngine
+from opacus.accountants import PRVAccountant
+from opacus.accountants.utils import get_noise_multiplier
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest
+from dpverify.torch import as_tensors, build_mlp, fast_math, make_predictor, resolve_device, seeds_for
+
+RDP_NAME = "opacus.rdp"
+PRV_NAME = "opacus.prv"
+GRAD_SAMPLE_MODES = ("hooks", "ghost")
+
+
+@dataclass
+class OpacusRun:
+    """Everything one training run holds after ``make_private``; tweaks may change it in place."""
+
+    request: TrainingRequest
+    name: str
+    grad_sample_mode: str
+    module: nn.Module  # the GradSampleModule that make_private returned
+    optimizer: Any  # the DPOptimizer (or DPOptimizerFastGradientClipping) that make_private returned
+    criterion: Any  # DPLossFastGradientClipping in ghost mode, nn.CrossEntropyLoss in hooks mode
+    data_loader: DataLoader
+    engine: PrivacyEngine
+    device: torch.device
+    steps_per_epoch: int
+    tweak: Tweak
+    batch_size: int = 0  # rows of the current batch, set before each step
+
+
+class Tweak:
+    """A change to the correct Opacus training path. This base class changes nothing."""
+
+    #: passed to ``make_private``: ``False`` keeps our data loader as it is (Opacus then still accounts
+    #: with Poisson sampling at rate 1/len(data_loader)).
+    poisson_sampling: bool = True
+    #: the neighbouring relation the claim names.
+    relation: str = "add_remove"
+    #: grad_sample_modes the tweak is written for.
+    supported_modes: tuple[str, ...] = GRAD_SAMPLE_MODES
+
+    def calibration_steps(self, steps: int) -> int:
+        """The step count the noise multiplier is calibrated for when a target ε is given."""
+        return steps
+
+    def data_loader(self, dataset: TensorDataset, steps_per_epoch: int, generator: torch.Generator) -> DataLoader:
+        """The loader handed to ``make_private``: an epoch of ``steps_per_epoch`` batches, so that Opacus'
+        sample_rate = 1/len(data_loader) is the requested q."""
+        chunks = np.array_split(np.arange(len(dataset)), steps_per_epoch)
+        return DataLoader(dataset, batch_sampler=[c.tolist() for c in chunks], generator=generator)
+
+    def apply(self, run: OpacusRun) -> None:
+        """Change what ``make_private`` returned (called once, before training)."""
+
+    def loss(self, run: OpacusRun, features: torch.Tensor, labels: torch.Tensor):
+        """The loss whose ``backward()`` fills what the DP optimizer needs for a non-empty batch, or
+        ``None`` when the batch holds no usable rows (the step then adds noise only)."""
+        return run.criterion(run.module(features), labels)
+
+
+def mix_into(obj: Any, mutation: Callable[[type], type], **attributes: Any) -> Any:
+    """Switch the live ``obj`` to the subclass ``mutation(type(obj))``, whose overrides wrap the library's
+    real methods (called through ``super()``), and set ``attributes`` on it. Returns ``obj``."""
+    obj.__class__ = mutation(type(obj))
+    for key, value in attributes.items():
+        setattr(obj, key, value)
+    return obj
+
+
+def _epochs(loader: DataLoader) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def sampling_rate_for(request: TrainingRequest, name: str) -> tuple[int, float]:
+    """``(steps_per_epoch, Opacus' sample rate)``; raise unless 1/steps_per_epoch is the requested q."""
+    hp = request.hyperparameters
+    k = hp.steps_per_epoch
+    if not math.isclose(1.0 / k, hp.sampling_rate, rel_tol=1e-9):
+        raise ValueError(
+            f"{name}: Opacus samples at rate 1/len(data_loader), so the sampling rate must be 1/k for an "
+            f"integer k; got q = {hp.sampling_rate} (nearest 1/{k} = {1.0 / k:.6g})"
+        )
+    return k, 1.0 / k
+
+
+def noise_multiplier_for(request: TrainingRequest, tweak: Tweak, sample_rate: float) -> float:
+    """σ as given, or calibrated to the target ε with Opacus' own ``get_noise_multiplier`` (RDP)."""
+    hp = request.hyperparameters
+    if hp.noise_multiplier is not None:
+        return float(hp.noise_multiplier)
+    # What make_private_with_epsilon does, but with the step count given exactly (it would use
+    # int(epochs / sample_rate), which floating point rounds one step short for e.g. 3 epochs at q = 1/75)
+    # and a tolerance relative to the target (its default is 0.01 absolute).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the")  # bisection probes extreme σ
+        return float(
+            get_noise_multiplier(
+                target_epsilon=hp.target_epsilon,
+                target_delta=hp.delta,
+                sample_rate=sample_rate,
+                steps=tweak.calibration_steps(hp.steps),
+                accountant="rdp",
+                epsilon_tolerance=0.005 * hp.target_epsilon,
+            )
+        )
+
+
+def build_run(
+    request: TrainingRequest, *, name: str, grad_sample_mode: str = "ghost", tweak: Tweak | None = None
+) -> OpacusRun:
+    """Everything up to the first step: model, SGD, ``PrivacyEngine(accountant="rdp").make_private`` with
+    Poisson sampling, seeded sampling and noise generators, then the tweak applied."""
+    tweak = tweak if tweak is not None else Tweak()
+    if grad_sample_mode not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"{name}: grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, got {grad_sample_mode!r}")
+    if grad_sample_mode not in tweak.supported_modes:
+        raise ValueError(
+            f"{name}: {type(tweak).__name__} is written for {tweak.supported_modes}, not {grad_sample_mode!r}"
+        )
+    if request.num_records < 1:
+        raise ValueError(f"{name}: the request holds no records to train on")
+    hp = request.hyperparameters
+    steps_per_epoch, sample_rate = sampling_rate_for(request, name)
+    sigma = noise_multiplier_for(request, tweak, sample_rate)
+
+    device = resolve_device(request.device)
+    seeds = seeds_for(request.seed)
+    model = build_mlp(request, seed=seeds.init, device=device)
+    dataset = TensorDataset(*as_tensors(request, "cpu"))
+    sampling_generator = torch.Generator(device="cpu").manual_seed(seeds.sampling)
+    noise_generator = torch.Generator(device=device).manual_seed(seeds.noise)
+    loader = tweak.data_loader(dataset, steps_per_epoch, sampling_generator)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        engine = PrivacyEngine(accountant="rdp")
+        made = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=hp.learning_rate),
+            criterion=nn.CrossEntropyLoss(),
+            data_loader=loader,
+            noise_multiplier=sigma,
+            max_grad_norm=hp.max_grad_norm,
+            poisson_sampling=tweak.poisson_sampling,
+            noise_generator=noise_generator,
+            grad_sample_mode=grad_sample_mode,
+        )
+    if grad_sample_mode == "ghost":
+        module, optimizer, criterion, dp_loader = made
+    else:
+        module, optimizer, dp_loader = made
+        criterion = nn.CrossEntropyLoss()
+    run = OpacusRun(
+        request=request,
+        name=name,
+        grad_sample_mode=grad_sample_mode,
+        module=module,
+        optimizer=optimizer,
+        criterion=criterion,
+        data_loader=dp_loader,
+        engine=engine,
+        device=device,
+        steps_per_epoch=steps_per_epoch,
+        tweak=tweak,
+    )
+    tweak.apply(run)
+    return run
+
+
+def backward_batch(run: OpacusRun, features: torch.Tensor, labels: torch.Tensor) -> None:
+    """Zero the gradients and fill what ``run.optimizer.step()`` needs for this batch.
+
+    A Poisson batch can be empty. Opacus' mean-reduced loss is NaN on an empty batch and poisons the
+    model, so an empty batch gets zero gradients instead (ghost mode: ``p.grad``; hooks mode: an empty
+    ``p.grad_sample``) and Opacus' own step then adds the noise and counts the step, as DP-SGD does."""
+    features, labels = features.to(run.device), labels.to(run.device)
+    run.batch_size = int(features.shape[0])
+    run.optimizer.zero_grad()
+    loss = run.tweak.loss(run, features, labels) if run.batch_size else None
+    if loss is not None:
+        loss.backward()
+        return
+    for param in run.optimizer.params:
+        if run.grad_sample_mode == "ghost":
+            param.grad = torch.zeros_like(param)
+        else:
+            param.grad_sample = param.new_zeros((0, *param.shape))
+
+
+def train_opacus(
+    request: TrainingRequest, *, name: str, grad_sample_mode: str = "ghost", tweak: Tweak | None = None
+) -> TrainedModel:
+    """Train the designated MLP with Opacus' ``PrivacyEngine`` and return the black box and its claim."""
+    run = build_run(request, name=name, grad_sample_mode=grad_sample_mode, tweak=tweak)
+    steps = request.hyperparameters.steps
+    taken = 0
+    with fast_math(), warnings.catch_warnings():
+        # torch warns on every backward that Opacus' hooks fire on module outputs (inputs need no grad).
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        # Exactly `steps` steps: Opacus' sampler yields int(1/sample_rate) batches per pass, which is
+        # one short of 1/q for some q (e.g. 1/93), so passes are chained rather than counted.
+        for features, labels in itertools.islice(_epochs(run.data_loader), steps):
+            backward_batch(run, features, labels)
+            run.optimizer.step()
+            taken += 1
+    if taken != steps:
+        raise RuntimeError(f"{name}: the data loader gave {taken} batches, expected {steps}")
+
+    claim = claim_from_accountant(
+        run.engine.accountant, request.hyperparameters.delta, relation=run.tweak.relation, name=name
+    )
+    trained = getattr(run.module, "_module", run.module)  # the user's nn.Module inside the GradSampleModule
+    return TrainedModel(
+        predict_log_proba=make_predictor(trained, device=run.device), claim=claim, device=run.device.type
+    )
+
+
+def claim_from_accountant(accountant, delta: float, *, relation: str = "add_remove", name: str) -> PrivacyClaim:
+    """The claim as Opacus states it: RDP ε of the accountant's history; the PRV ε of the same history
+    in ``other_epsilons['opacus.prv']``."""
+    history = list(accountant.history)
+    if not history:
+        raise RuntimeError(f"{name}: Opacus' accountant recorded no steps; no claim can be stated")
+    sigmas = {float(h[0]) for h in history}
+    rates = {float(h[1]) for h in history}
+    if len(sigmas) != 1 or len(rates) != 1:
+        raise RuntimeError(f"{name}: the accountant's history mixes noise multipliers or sampling rates: {history}")
+    sigma, rate = sigmas.pop(), rates.pop()
+    accounted_steps = int(sum(h[2] for h in history))
+    other: dict[str, float] = {}
+    if sigma == 0.0:
+        epsilon = math.inf
+    else:
+        epsilon = float(accountant.get_epsilon(delta))
+        prv = PRVAccountant()
+        prv.history = history
+        try:
+            other[PRV_NAME] = float(prv.get_epsilon(delta))
+        except (ValueError, OverflowError, RuntimeError) as exc:  # PRV's domain fails for extreme ε
+            warnings.warn(f"{name}: Opacus' PRV accountant could not compute ε ({exc}); claim has RDP only")
+    return PrivacyClaim(
+        epsilon=epsilon,
+        delta=delta,
+        accountant=RDP_NAME,
+        noise_multiplier=sigma,
+        sampling_rate=rate,
+        steps=accounted_steps,
+        relation=relation,
+        other_epsilons=other,
+    )

@@ -1,0 +1,307 @@
+"""Deliberately buggy variants of Opacus (rows of ``bugs.md``), each a :class:`~._training.Tweak` that
+changes the real Opacus code path: a subclass mixed into the DPOptimizer or the Poisson sampler that
+``make_private`` returned (overriding ``add_noise``, ``accumulate``, ``scale_grad`` or ``__iter__`` and
+calling the library's own method through ``super()``), an attribute of Opacus' ghost-clipping module, the
+accountant's step hook, or Opacus' own ``poisson_sampling=False`` path. The claim stays what Opacus' own
+accountant states for the numbers it was given.
+
+Imports torch and opacus; :mod:`dpverify_opacus` maps variant names to these classes lazily.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpverify_opacus._training import OpacusRun, Tweak, mix_into
+
+# ---------------------------------------------------------------------------------------------------
+# Mutations of Opacus' classes. Each is a function ``base -> subclass of base`` (base: the class of the
+# object make_private returned, e.g. DPOptimizerFastGradientClipping) that overrides one method of the DP
+# step and calls the library's own implementation through super(); ``mix_into`` switches the live
+# object to that subclass. (A subclass of the real base keeps the object's memory layout, which a
+# free-standing mixin class does not.)
+
+
+def scaled_noise(base: type) -> type:
+    class ScaledNoise(base):
+        """``add_noise`` draws N(0, (s·σC)²) instead of N(0, (σC)²); σ itself, which the accountant hook
+        reads after ``add_noise``, is left as it was."""
+
+        dpverify_noise_scale: float = 1.0
+
+        def add_noise(self):
+            sigma = self.noise_multiplier
+            self.noise_multiplier = sigma * self.dpverify_noise_scale
+            try:
+                super().add_noise()
+            finally:
+                self.noise_multiplier = sigma
+
+    return ScaledNoise
+
+
+def unnoised_parameters(base: type) -> type:
+    class UnnoisedParameters(base):
+        """After Opacus' ``add_noise``, the listed parameters get their clipped sum back without noise."""
+
+        dpverify_unnoised: tuple = ()
+
+        def add_noise(self):
+            super().add_noise()
+            for param in self.dpverify_unnoised:
+                param.grad = param.summed_grad.detach().clone().view_as(param)
+
+    return UnnoisedParameters
+
+
+def batch_clipping(base: type) -> type:
+    class BatchClipping(base):
+        """``accumulate`` (ghost mode's sum of rows, per-row clipping switched off in the module) clips
+        the batch's gradient as one row: its mean over the expected batch size to C, i.e. the sum to B·C."""
+
+        def accumulate(self):
+            super().accumulate()
+            summed = [p.summed_grad for p in self.params]
+            total_norm = torch.stack([g.norm(2) for g in summed]).norm(2)
+            bound = self.expected_batch_size * self.max_grad_norm
+            factor = (bound / (total_norm + 1e-6)).clamp(max=1.0)
+            for g in summed:
+                g.mul_(factor)
+
+    return BatchClipping
+
+
+def realised_batch_scaling(base: type) -> type:
+    class RealisedBatchScaling(base):
+        """``scale_grad`` divides the noisy sum by the realised batch size instead of the expected one."""
+
+        dpverify_realised_batch_size: Callable[[], int]
+
+        def scale_grad(self):
+            if self.loss_reduction == "mean":
+                size = max(1, int(self.dpverify_realised_batch_size()))
+                for p in self.params:
+                    p.grad /= size * self.accumulated_iterations
+
+    return RealisedBatchScaling
+
+
+def reused_noise(base: type) -> type:
+    class ReusedNoise(base):
+        """The noise generator is reset to one seed before every ``add_noise``: the same noise vector
+        is added at every step."""
+
+        dpverify_noise_seed: int = 0
+
+        def add_noise(self):
+            self.generator.manual_seed(self.dpverify_noise_seed)
+            super().add_noise()
+
+    return ReusedNoise
+
+
+def duplicating_sampler(base: type) -> type:
+    class DuplicatingSampler(base):
+        """Opacus' Poisson sampler, with every sampled index repeated ``dpverify_copies`` times."""
+
+        dpverify_copies: int = 2
+
+        def __iter__(self):
+            for indices in super().__iter__():
+                yield list(indices) * self.dpverify_copies
+
+    return DuplicatingSampler
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tweaks (ghost mode unless stated).
+
+
+class ScaledNoise(Tweak):
+    """Rows 1, 3 and ``noise_scaled(k)``: the noise std times ``scale`` (0: no noise; ``"per_batch"``:
+    1/expected batch size, i.e. σC noise on the averaged gradient)."""
+
+    def __init__(self, scale: float | str):
+        if scale != "per_batch" and not (isinstance(scale, (int, float)) and scale >= 0):
+            raise ValueError(f"scale must be a number >= 0 or 'per_batch', got {scale!r}")
+        self.scale = scale
+
+    def apply(self, run: OpacusRun) -> None:
+        scale = 1.0 / run.optimizer.expected_batch_size if self.scale == "per_batch" else float(self.scale)
+        mix_into(run.optimizer, scaled_noise, dpverify_noise_scale=scale)
+
+
+class NoClipping(Tweak):
+    """Row 2: Opacus' ghost-clipping module clips at an infinite norm; the optimizer still adds σ·C noise
+    for the nominal C."""
+
+    supported_modes = ("ghost",)
+
+    def apply(self, run: OpacusRun) -> None:
+        run.module.max_grad_norm = math.inf
+
+
+class BatchClipping(Tweak):
+    """Row 4: no per-row clipping; the batch gradient is clipped as one row (mean to C)."""
+
+    supported_modes = ("ghost",)
+
+    def apply(self, run: OpacusRun) -> None:
+        run.module.max_grad_norm = math.inf
+        mix_into(run.optimizer, batch_clipping)
+
+
+class UnnoisedLayer(Tweak):
+    """Row 5: the output layer (the last ``nn.Linear``: weight and bias) gets no noise."""
+
+    def apply(self, run: OpacusRun) -> None:
+        inner = getattr(run.module, "_module", run.module)
+        last = [m for m in inner.modules() if isinstance(m, nn.Linear)][-1]
+        mix_into(run.optimizer, unnoised_parameters, dpverify_unnoised=tuple(last.parameters()))
+
+
+class DuplicatedRows(Tweak):
+    """Row 6: each sampled record appears ``copies`` times in its step, each copy a clipped row."""
+
+    def __init__(self, copies: int = 2):
+        if copies < 2:
+            raise ValueError(f"copies must be >= 2, got {copies}")
+        self.copies = copies
+
+    def apply(self, run: OpacusRun) -> None:
+        mix_into(run.data_loader.batch_sampler, duplicating_sampler, dpverify_copies=self.copies)
+
+
+class RealisedBatchNormalisation(Tweak):
+    """Row 7: divide the noisy sum by the realised batch size (the rows the training loop fed this step)."""
+
+    def apply(self, run: OpacusRun) -> None:
+        mix_into(run.optimizer, realised_batch_scaling, dpverify_realised_batch_size=lambda: run.batch_size)
+
+
+class AccountantSkipsSteps(Tweak):
+    """Row 8: the accountant's step hook records only every ``every``-th step (a hard-coded step count);
+    a target ε is calibrated for that count too."""
+
+    def __init__(self, every: int = 4):
+        if every < 2:
+            raise ValueError(f"every must be >= 2, got {every}")
+        self.every = every
+
+    def calibration_steps(self, steps: int) -> int:
+        return math.ceil(steps / self.every)
+
+    def apply(self, run: OpacusRun) -> None:
+        hook = run.optimizer.step_hook
+        calls = 0
+        every = self.every
+
+        def every_kth_step(optimizer):
+            nonlocal calls
+            calls += 1
+            if (calls - 1) % every == 0:
+                hook(optimizer)
+
+        run.optimizer.attach_step_hook(every_kth_step)
+
+
+class _ShuffledBatches:
+    """Each pass: a fresh permutation of the records split into ``steps_per_epoch`` near-equal batches."""
+
+    def __init__(self, num_records: int, steps_per_epoch: int, generator: torch.Generator):
+        self.num_records = num_records
+        self.steps_per_epoch = steps_per_epoch
+        self.generator = generator
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.num_records, generator=self.generator).numpy()
+        for chunk in np.array_split(order, self.steps_per_epoch):
+            yield chunk.tolist()
+
+
+class ShuffledBatches(Tweak):
+    """Row 9: Opacus' ``poisson_sampling=False`` path over a shuffled fixed-size batch loader; Opacus
+    still accounts Poisson sampling at rate 1/len(data_loader)."""
+
+    poisson_sampling = False
+
+    def data_loader(self, dataset: TensorDataset, steps_per_epoch: int, generator: torch.Generator) -> DataLoader:
+        sampler = _ShuffledBatches(len(dataset), steps_per_epoch, generator)
+        return DataLoader(dataset, batch_sampler=sampler, generator=generator)
+
+
+class ReplaceOneClaim(Tweak):
+    """Row 10: Opacus' add/remove ε is stated as a replace-one ε."""
+
+    relation = "replace_one"
+
+
+class Microbatches(Tweak):
+    """Row 11: consecutive records of a batch form microbatches of ``size``; Opacus' ghost clipping clips
+    each microbatch's mean-loss gradient (the records of a microbatch are its sequence positions), the
+    accountant is told σ as if each record were clipped alone. A batch's leftover records are dropped.
+    The noisy sum is divided by the expected number of microbatches."""
+
+    supported_modes = ("ghost",)
+
+    def __init__(self, size: int = 2):
+        if size < 2:
+            raise ValueError(f"size must be >= 2, got {size}")
+        self.size = size
+
+    def apply(self, run: OpacusRun) -> None:
+        run.optimizer.expected_batch_size = run.optimizer.expected_batch_size / self.size
+
+    def loss(self, run: OpacusRun, features: torch.Tensor, labels: torch.Tensor):
+        usable = features.shape[0] // self.size * self.size
+        if usable == 0:
+            return None
+        grouped = features[:usable].reshape(usable // self.size, self.size, features.shape[1])
+        logits = run.module(grouped)
+        return run.criterion(logits.reshape(usable, -1), labels[:usable], shape=logits.shape)
+
+
+class ReusedNoise(Tweak):
+    """Row 12: the same noise vector at every step (the noise generator is reseeded before each draw)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def apply(self, run: OpacusRun) -> None:
+        if run.optimizer.generator is None:
+            raise RuntimeError("ReusedNoise needs make_private to have been given a noise generator")
+        mix_into(run.optimizer, reused_noise, dpverify_noise_seed=self.seed)
+
+
+TWEAKS: dict[str, type[Tweak]] = {
+    "scaled_noise": ScaledNoise,
+    "no_clipping": NoClipping,
+    "batch_clipping": BatchClipping,
+    "unnoised_layer": UnnoisedLayer,
+    "duplicated_rows": DuplicatedRows,
+    "realised_batch": RealisedBatchNormalisation,
+    "accountant_steps": AccountantSkipsSteps,
+    "shuffled_batches": ShuffledBatches,
+    "replace_one_claim": ReplaceOneClaim,
+    "microbatches": Microbatches,
+    "reused_noise": ReusedNoise,
+}
+
+
+def make_tweak(kind: str | None, **kwargs) -> Tweak:
+    """The tweak named ``kind`` (``None``: the correct path)."""
+    if kind is None:
+        return Tweak()
+    try:
+        return TWEAKS[kind](**kwargs)
+    except KeyError:
+        raise KeyError(f"unknown Opacus tweak {kind!r}; known: {', '.join(sorted(TWEAKS))}") from None

@@ -1,0 +1,136 @@
+"""The reference DP-SGD step and training loop, in plain torch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest
+from dpverify.torch import (
+    as_tensors,
+    build_mlp,
+    fast_math,
+    make_predictor,
+    poisson_batches,
+    resolve_device,
+    seeds_for,
+)
+from dpverify_reference import accounting
+
+
+def clipped_gradient_sum(model: nn.Sequential, features: torch.Tensor, labels: torch.Tensor, max_grad_norm: float):
+    """Sum over the batch of per-example gradients, each clipped to ``max_grad_norm`` by its global norm.
+
+    Returns ``(clipped_sum, per_example_norms)``; ``clipped_sum`` is a list aligned with
+    ``model.parameters()``. Works for an ``nn.Sequential`` of ``nn.Linear`` and parameter-free layers on
+    2-D inputs. Per-example norms use the ghost-norm identity: for a linear layer with input a_i and
+    output gradient g_i, the weight's per-example gradient is g_i a_iᵀ with ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖², and
+    the bias's is g_i. The clipped sum is the gradient of Σ_i w_i ℓ_i with w_i = min(1, C/‖grad_i‖) held fixed.
+    """
+    params = list(model.parameters())
+    if features.shape[0] == 0:
+        return [torch.zeros_like(p) for p in params], features.new_zeros(0)
+    layer_inputs, layer_outputs, linears = [], [], []
+    hidden = features
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            linears.append(layer)
+            layer_inputs.append(hidden)
+            hidden = layer(hidden)
+            layer_outputs.append(hidden)
+        elif any(True for _ in layer.parameters()):
+            raise TypeError(f"the reference DP-SGD supports nn.Linear and parameter-free layers, got {layer}")
+        else:
+            hidden = layer(hidden)
+    losses = F.cross_entropy(hidden, labels, reduction="none")
+
+    # ℓ_i depends on example i's activations only, so the gradient of Σ ℓ_i with respect to a layer's
+    # output holds every example's own output gradient g_i in its row i.
+    output_grads = torch.autograd.grad(losses.sum(), layer_outputs, retain_graph=True)
+    squared_norms = torch.zeros_like(losses)
+    for layer, a, g in zip(linears, layer_inputs, output_grads):
+        g_sq = g.pow(2).sum(dim=1)
+        squared_norms += g_sq * a.detach().pow(2).sum(dim=1)
+        if layer.bias is not None:
+            squared_norms += g_sq
+    norms = squared_norms.sqrt()
+    weights = (max_grad_norm / norms).clamp(max=1.0)  # a zero norm gives inf, clamped to 1
+
+    clipped_sum = torch.autograd.grad((weights.detach() * losses).sum(), params)
+    return list(clipped_sum), norms
+
+
+def dp_sgd_step(
+    model: nn.Sequential,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    learning_rate: float,
+    generator: torch.Generator,
+) -> None:
+    """One DP-SGD step on the sampled batch: clip rows, sum, add N(0, σ²C²) per coordinate, divide by
+    the expected batch size, SGD update. The noise is drawn parameter by parameter in
+    ``model.parameters()`` order (nothing is drawn when σ = 0)."""
+    clipped_sum, _ = clipped_gradient_sum(model, features, labels, max_grad_norm)
+    std = noise_multiplier * max_grad_norm
+    with torch.no_grad():
+        for param, grad in zip(model.parameters(), clipped_sum):
+            if std > 0:
+                grad = grad + torch.normal(0.0, std, size=param.shape, generator=generator, device=param.device)
+            param.add_(grad / expected_batch_size, alpha=-learning_rate)
+
+
+def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") -> TrainedModel:
+    hp = request.hyperparameters
+    steps = hp.steps
+    if hp.noise_multiplier is not None:
+        sigma = float(hp.noise_multiplier)
+    else:
+        sigma = accounting.calibrate_noise_multiplier(hp.target_epsilon, hp.sampling_rate, steps, hp.delta)
+
+    device = resolve_device(request.device)
+    seeds = seeds_for(request.seed)
+    model = build_mlp(request, seed=seeds.init, device=device)
+    features, labels = as_tensors(request, device)
+    noise_generator = torch.Generator(device=device).manual_seed(seeds.noise)
+    expected_batch_size = hp.sampling_rate * request.num_records
+
+    taken = 0
+    with fast_math():
+        for batch in poisson_batches(request.num_records, hp.sampling_rate, steps, seed=seeds.sampling):
+            batch = batch.to(device)
+            dp_sgd_step(
+                model,
+                features[batch],
+                labels[batch],
+                max_grad_norm=hp.max_grad_norm,
+                noise_multiplier=sigma,
+                expected_batch_size=expected_batch_size,
+                learning_rate=hp.learning_rate,
+                generator=noise_generator,
+            )
+            taken += 1
+    if taken != steps:  # pragma: no cover - poisson_batches yields exactly `steps`
+        raise RuntimeError(f"{name} took {taken} steps, expected {steps}")
+
+    epsilon = accounting.rdp_epsilon(sigma, hp.sampling_rate, steps, hp.delta)
+    other = {}
+    if math.isfinite(epsilon):
+        other[accounting.PLD_NAME] = accounting.pld_epsilon(sigma, hp.sampling_rate, steps, hp.delta)
+    claim = PrivacyClaim(
+        epsilon=epsilon,
+        delta=hp.delta,
+        accountant=accounting.RDP_NAME,
+        noise_multiplier=sigma,
+        sampling_rate=hp.sampling_rate,
+        steps=steps,
+        relation="add_remove",
+        other_epsilons=other,
+    )
+    return TrainedModel(predict_log_proba=make_predictor(model, device), claim=claim, device=device.type)

@@ -1,0 +1,203 @@
+"""Every registered implementation passes the conformance suite on a tiny request.
+
+Parametrised over ``registered_implementations()`` (built-ins and anything registered through the entry
+point group), ids = names; an implementation whose library is missing is skipped with its reason.
+A variant whose bug is an accountant fed the wrong numbers (bugs.md row 8) must *fail* the
+claim-matches-request check: that check is how conformance catches it without an audit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from dpverify import conformance
+from dpverify.contract import DPHyperparameters, Implementation, ImplementationInfo, PrivacyClaim, TrainedModel
+from dpverify.registry import registered_implementations
+
+IMPLEMENTATIONS = registered_implementations()
+ACCOUNTANT_BUG = 8
+TARGET_EPSILON = 1.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny models train several times faster on one thread (no OpenMP spin on a shared 2-core box)."""
+    if importlib.util.find_spec("torch") is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def trained_cache():
+    return {}
+
+
+def _available(impl: Implementation) -> Implementation:
+    reason = impl.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return impl
+
+
+def _trained(cache, impl, request, key):
+    if (impl.info.name, key) not in cache:
+        cache[impl.info.name, key] = impl.train(request)
+    return cache[impl.info.name, key]
+
+
+@pytest.fixture(scope="module")
+def request_sigma():
+    return conformance.small_request()
+
+
+@pytest.fixture(scope="module")
+def request_target(request_sigma):
+    return conformance.with_target_epsilon(request_sigma, TARGET_EPSILON)
+
+
+def test_registry_is_not_empty():
+    names = [impl.info.name for impl in IMPLEMENTATIONS]
+    assert {"reference-dpsgd", "opacus-ghost", "opacus-hooks"} <= set(names)
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.info.name)
+def test_output_contract_and_claim(impl, request_sigma, trained_cache):
+    impl = _available(impl)
+    trained = _trained(trained_cache, impl, request_sigma, "sigma")
+    conformance.check_output_contract(impl, request_sigma, trained)
+    if impl.info.bug == ACCOUNTANT_BUG:
+        with pytest.raises(AssertionError, match=impl.info.name):
+            conformance.check_claim_matches_request(impl, request_sigma, trained)
+    else:
+        conformance.check_claim_matches_request(impl, request_sigma, trained)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.info.name)
+def test_determinism(impl, request_sigma, trained_cache):
+    impl = _available(impl)
+    conformance.check_determinism(impl, request_sigma, _trained(trained_cache, impl, request_sigma, "sigma"))
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.info.name)
+def test_calibration(impl, request_target):
+    impl = _available(impl)
+    trained = conformance.check_calibration(impl, request_target, tolerance=0.01)
+    conformance.check_output_contract(impl, request_target, trained)
+    if impl.info.bug != ACCOUNTANT_BUG:
+        conformance.check_claim_matches_request(impl, request_target, trained)
+
+
+# --- the suite itself fails where it should ------------------------------------------------------------
+
+
+class _Fake(Implementation):
+    """A numpy-only implementation whose output and claim a test can break on purpose."""
+
+    def __init__(self, *, log_proba=None, claim_changes=None, seeded=True):
+        self.info = ImplementationInfo(name="fake-impl", library="numpy")
+        self.log_proba = log_proba
+        self.claim_changes = claim_changes or {}
+        self.seeded = seeded
+        self.calls = 0
+
+    def train(self, request):
+        self.calls += 1
+        hp = request.hyperparameters
+        seed = request.seed if self.seeded else self.calls
+        weights = np.random.default_rng(seed).standard_normal((request.dimension, request.num_classes))
+
+        def predict(features):
+            if self.log_proba is not None:
+                return self.log_proba(features, request.num_classes)
+            logits = np.asarray(features, dtype=np.float64) @ weights
+            return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+        sigma = hp.noise_multiplier if hp.noise_multiplier is not None else 1.0
+        fields = dict(
+            epsilon=hp.target_epsilon or 1.0,
+            delta=hp.delta,
+            accountant="fake",
+            noise_multiplier=sigma,
+            sampling_rate=hp.sampling_rate,
+            steps=hp.steps,
+        )
+        fields.update(self.claim_changes)
+        return TrainedModel(predict_log_proba=predict, claim=PrivacyClaim(**fields), device="cpu")
+
+
+def test_fake_passes_everything():
+    conformance.run_conformance(_Fake())
+
+
+@pytest.mark.parametrize(
+    "log_proba, message",
+    [
+        (lambda x, c: np.zeros((x.shape[0], c + 1)), "shape"),
+        (lambda x, c: np.zeros((x.shape[0], c), dtype=np.int64), "dtype"),
+        (lambda x, c: np.full((x.shape[0], c), np.nan), "non-finite"),
+        (lambda x, c: np.zeros((x.shape[0], c)), "logsumexp"),  # logits, not log-probabilities
+        (lambda x, c: [[0.0] * c] * x.shape[0], "numpy array"),
+    ],
+    ids=["shape", "dtype", "nan", "not-normalised", "list"],
+)
+def test_output_contract_catches(log_proba, message):
+    fake = _Fake(log_proba=log_proba)
+    with pytest.raises(AssertionError, match=f"fake-impl.*{message}"):
+        conformance.check_output_contract(fake, conformance.small_request())
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"steps": 5}, "steps"),
+        ({"sampling_rate": 0.2}, "sampling rate"),
+        ({"noise_multiplier": 1.5}, "noise multiplier"),
+        ({"epsilon": float("inf")}, "infinite"),
+    ],
+)
+def test_claim_check_catches(changes, message):
+    with pytest.raises(AssertionError, match=f"fake-impl.*{message}"):
+        conformance.check_claim_matches_request(_Fake(claim_changes=changes), conformance.small_request())
+
+
+def test_determinism_catches_an_ignored_or_unused_seed():
+    with pytest.raises(AssertionError, match="fake-impl.*same seed"):
+        conformance.check_determinism(_Fake(seeded=False), conformance.small_request())
+
+    class Constant(_Fake):
+        def train(self, request):
+            return super().train(conformance.small_request(seed=0))
+
+    with pytest.raises(AssertionError, match="fake-impl.*the seed is ignored"):
+        conformance.check_determinism(Constant(), conformance.small_request())
+
+
+def test_calibration_check_catches_a_missed_target():
+    request = conformance.with_target_epsilon(conformance.small_request(), 2.0)
+    with pytest.raises(AssertionError, match="fake-impl.*claims ε = 2.06"):
+        conformance.check_calibration(_Fake(claim_changes={"epsilon": 2.06}), request)  # 3 % over
+    conformance.check_calibration(_Fake(claim_changes={"epsilon": 1.985}), request)  # 0.75 % under: fine
+    with pytest.raises(ValueError, match="target_epsilon"):
+        conformance.check_calibration(_Fake(), conformance.small_request())
+
+
+def test_small_request_is_valid_and_tiny():
+    request = conformance.small_request()
+    assert request.features.shape == (100, 8) and request.features.dtype == np.float32
+    assert np.allclose(np.linalg.norm(request.features, axis=1), 1.0, atol=1e-6)
+    assert request.hyperparameters.steps == 10
+    assert conformance.small_request(target_epsilon=3.0).hyperparameters == DPHyperparameters(
+        target_epsilon=3.0, sampling_rate=0.1, epochs=1, learning_rate=0.5
+    )
+    twin = conformance.with_target_epsilon(request, 3.0)
+    assert twin.features is request.features and twin.hyperparameters.target_epsilon == 3.0
