@@ -13,7 +13,13 @@ from dpverify.canaries import make_canaries
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.results import AuditResult
-from dpverify.scoring import count_correct, guesses_from_scores, loss_scores, self_comparison_scores
+from dpverify.scoring import (
+    count_correct,
+    guesses_from_scores,
+    loss_scores,
+    mean_comparison_scores,
+    self_comparison_scores,
+)
 
 Progress = Callable[[str], None]
 
@@ -182,9 +188,12 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
         )
     else:
         shown, other = canaries.labels, canaries.comparison_labels
-    scores = (
-        self_comparison_scores(log_probs, shown, other) if config.score == "self_comparison" else loss_scores(log_probs, shown)
-    )
+    if config.score_kind == "self_comparison":
+        scores = self_comparison_scores(log_probs, shown, other)
+    elif config.score_kind == "mean_comparison":
+        scores = mean_comparison_scores(log_probs, shown)
+    else:
+        scores = loss_scores(log_probs, shown)
     from dpverify.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
 
     counts = config.guess_rule.counts(m)

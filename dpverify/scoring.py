@@ -19,9 +19,9 @@ import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_real
 
-ScoreKind = Literal["self_comparison", "loss"]
+ScoreKind = Literal["self_comparison", "mean_comparison", "loss"]
 Sides = Literal["two", "one"]
-SCORE_KINDS: tuple[str, ...] = ("self_comparison", "loss")
+SCORE_KINDS: tuple[str, ...] = ("self_comparison", "mean_comparison", "loss")
 
 
 def _checked_log_probs(log_probs: np.ndarray, n: int) -> np.ndarray:
@@ -39,6 +39,17 @@ def self_comparison_scores(log_probs: np.ndarray, labels: np.ndarray, comparison
     rows = np.arange(labels.shape[0])
     log_probs = _checked_log_probs(log_probs, labels.shape[0])
     return log_probs[rows, labels] - log_probs[rows, comparison_labels]
+
+
+def mean_comparison_scores(log_probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``log p(label) − mean of log p(c) over the other C − 1 classes``: self-comparison against every
+    fresh label at once. Averaging C − 1 comparison labels removes most of the comparison label's own noise
+    (variance 1 + 1/(C−1) instead of 2 in units of one logit's noise), which is what the inclusion design
+    needs; the pair design must compare with its one fresh label, the one exchangeable with the trained one."""
+    log_probs = _checked_log_probs(log_probs, labels.shape[0])
+    rows = np.arange(labels.shape[0])
+    trained = log_probs[rows, labels]
+    return trained - (log_probs.sum(axis=1) - trained) / (log_probs.shape[1] - 1)
 
 
 def loss_scores(log_probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
