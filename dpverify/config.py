@@ -138,15 +138,17 @@ def _profile(
 #: Named starting points, chosen from the sweeps in benchmarks/results/. ``quick`` (what CI runs on a
 #: 2-core CPU) and ``standard`` train full-batch (q = 1): for a given ε the one-run audit is tightest when
 #: the mechanism is an unsubsampled Gaussian, and it costs the same example-gradients as q = 0.1 over
-#: ten times the steps. Bugs in subsampling itself (bugs.md rows 7 and 9) need q < 1: set
+#: ten times the steps. A full batch averages each record's clipped gradient over N, so the learning rate
+#: is 5 to let a run without noise memorise its canaries (lr 1 left a missing-noise bug at ε_L ≈ 1.7).
+#: Bugs in subsampling itself (bugs.md rows 7 and 9) need q < 1: set
 #: ``sampling_rate`` or use ``paper``, the paper's setting (q = 0.1, d = 10³, h = 10⁵, C = 10³, m = 10⁴),
 #: which wants a GPU.
 PROFILES: dict[str, AuditConfig] = {
     "quick": _profile(
-        m=1000, dimension=1000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=1.0
+        m=1000, dimension=1000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0
     ),
     "standard": _profile(
-        m=2000, dimension=2000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=1.0
+        m=2000, dimension=2000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0
     ),
     "paper": _profile(
         m=10_000, dimension=1000, hidden_width=100_000, num_classes=1000, sampling_rate=0.1, epochs=50, learning_rate=0.5

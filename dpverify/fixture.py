@@ -46,7 +46,8 @@ def execute_audit(
         implementation = get_implementation(implementation)
     config = config.with_overrides(seed=session.audit_seed(key), confidence=session.per_audit_confidence)
     result = run_audit(implementation, config)
-    node.stash.setdefault(RESULTS_KEY, []).append(result.to_dict())
+    # The planned count travels with the result: under xdist only the workers collect and count.
+    node.stash.setdefault(RESULTS_KEY, []).append({**result.to_dict(), "planned_audits": session.planned_audits})
     if session.plots_dir:
         _save_plots(result, session.plots_dir)
     return result

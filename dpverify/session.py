@@ -55,10 +55,13 @@ class AuditSession:
         return not self.implementations or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.implementations)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Gather results from reports: in-process, or from every worker in the xdist controller."""
+        """Gather results from reports: in-process, or from every worker in the xdist controller (which
+        collects nothing itself, so it learns the planned count from the workers' results)."""
         for name, value in report.user_properties:
             if name == RESULT_PROPERTY:
-                self.results.append(json.loads(value))
+                result = json.loads(value)
+                self.planned_audits = max(self.planned_audits, result.pop("planned_audits", 0))
+                self.results.append(result)
 
     def header(self) -> str:
         from dpverify.audit import resolve_device

@@ -167,7 +167,9 @@ def test_xdist_gives_the_same_report(project):
         path = project.path / f"report{len(reports)}.json"
         result = run(project, "--dp-audit", SMALL, f"--dp-audit-report={path}", *extra, subprocess=True)
         result.assert_outcomes(passed=1, failed=1)
-        audits = json.loads(path.read_text())["audits"]
+        data = json.loads(path.read_text())
+        assert data["planned_audits"] == 2 and data["per_audit_confidence"] == pytest.approx(0.975)
+        audits = data["audits"]
         reports.append(sorted((a["implementation"], a["epsilon_lower_bound"], a["verdict"], a["seed"]) for a in audits))
     assert reports[0] == reports[1]
     result.stdout.fnmatch_lines(["*dp-audit summary*"])

@@ -149,7 +149,7 @@ VARIANTS: tuple[VariantSpec, ...] = (
         detectability="D3",
         notes="Opacus' UniformWithReplacementSampler with each sampled index repeated twice in its batch. "
         "bugs.md classes row 6 D2; at two copies (the low end of its 2-10x range) this audit measured "
-        "ε_L 1.58 at claimed ε 2 (quick profile, seed 0) against a true ε of 4.0 (PLD), so it is D3 here: "
+        "ε_L 0.76–1.6 at claimed ε 2 (quick profile, lr 1–5, seed 0) against a true ε of 4.0 (PLD), so it is D3 here: "
         "reported, not required to be caught",
     ),
     VariantSpec(
