@@ -21,6 +21,7 @@ import numpy as np
 
 from dpverify.accounting import add_remove_epsilon, replace_one_epsilon
 from dpverify.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound, optimal_epsilon
+from dpverify.scoring import GuessRule, count_correct, guesses_from_scores, self_comparison_scores
 
 DELTA = 1e-5
 OUTPUT = Path(__file__).parent / "results" / "bounds_speed.md"
@@ -31,7 +32,21 @@ def typical_run(method: str, sigma: float = 1.0, steps: int = 500) -> dict:
     return {"noise_multiplier": sigma, "sampling_rate": 0.1, "steps": steps, "delta": DELTA, "method": method}
 
 
+def score_and_guess(m: int = 100_000, num_classes: int = 100) -> int:
+    """Self-comparison scores of m canaries and the guesses of the default 7-count grid, counted."""
+    rule = GuessRule()
+    scores = self_comparison_scores(LOG_PROBS, LABELS, COMPARISON)
+    return sum(count_correct(guesses_from_scores(scores, int(k)), MEMBERSHIP) for k in rule.counts(m))
+
+
+_rng = np.random.default_rng(0)
+LOG_PROBS = _rng.standard_normal((100_000, 100))
+LABELS = _rng.integers(0, 100, 100_000)
+COMPARISON = (LABELS + _rng.integers(1, 100, 100_000)) % 100
+MEMBERSHIP = _rng.choice(np.array([-1, 1]), 100_000)
+
 CASES = [
+    ("self-comparison scores and guesses of the 7-count grid, m = 10^5, C = 100", score_and_guess),
     ("epsilon_lower_bound, m = 10^4, 10^4 guesses, 9000 correct",
      lambda: epsilon_lower_bound(10_000, 10_000, 9_000, delta=DELTA)),
     ("epsilon_lower_bound, m = 10^4, 1000 guesses, 900 correct",

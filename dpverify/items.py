@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 
-from dpverify.session import SESSION_KEY, AuditSession
-
-MUST_CATCH = ("D1", "D2")
+from dpverify.session import MUST_CATCH, SESSION_KEY, AuditSession
 
 
 class DPAuditItem(pytest.Item):

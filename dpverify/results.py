@@ -63,13 +63,6 @@ class AuditResult:
     membership: np.ndarray | None = field(default=None, repr=False)
     bound_by_guesses: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
 
-    @property
-    def expected_outcome_met(self) -> bool:
-        """Private implementations should not be refuted; buggy variants should be."""
-        if self.expected == "violation":
-            return self.verdict == "violation"
-        return self.verdict in ("pass", "undecided")
-
     def to_dict(self, *, include_scores: bool = False) -> dict[str, Any]:
         """JSON-ready fields (infinite ε as the string "inf"); raw scores only on request."""
         out: dict[str, Any] = {

@@ -103,7 +103,7 @@ class AuditSession:
                     _fmt(r["claimed_epsilon"]),
                     _fmt(r["epsilon_lower_bound"]),
                     _fmt(r["optimal_epsilon"]),
-                    r["verdict"] + ("" if outcome_as_expected(r) else " !"),
+                    f"{r['verdict']} {outcome_mark(r)}".rstrip(),
                     expected,
                     f"{r['seconds']:.1f}",
                 )
@@ -114,18 +114,29 @@ class AuditSession:
         lines.append(
             f"{len(self.results)} audit(s); each at confidence {self.per_audit_confidence:.5f} so that the "
             f"session keeps {self.confidence:g} over {self.planned_audits} planned audit(s). "
-            "'!' marks an outcome other than expected."
+            "'!' marks an outcome other than expected, '~' a subtle (D3/D4) variant not caught."
         )
         return lines
 
 
-def outcome_as_expected(result: dict[str, Any]) -> bool:
-    """Private implementations pass (or are undecided); buggy variants are caught. Errors never are."""
+#: Variants a one-run black-box audit must catch; D3/D4 variants are reported, a miss is a known limit.
+MUST_CATCH = ("D1", "D2")
+
+
+def outcome_mark(result: dict[str, Any]) -> str:
+    """'' as expected; '~' a D3/D4 variant not caught (a known limit); '!' anything else unexpected:
+    a private implementation refuted, a D1/D2 variant missed, or an error."""
     if result["verdict"] == "error":
-        return False
+        return "!"
     if result["expected"] == "violation":
-        return result["verdict"] == "violation"
-    return result["verdict"] != "violation"
+        if result["verdict"] == "violation":
+            return ""
+        return "!" if result["detectability"] in MUST_CATCH else "~"
+    return "!" if result["verdict"] == "violation" else ""
+
+
+def outcome_as_expected(result: dict[str, Any]) -> bool:
+    return outcome_mark(result) != "!"
 
 
 def _fmt(value: Any) -> str:

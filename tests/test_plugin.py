@@ -198,6 +198,7 @@ register_implementation(Oblivious(info=variant("missed-d3", "D3")))
     result = run(project, "--dp-audit", "--dp-audit-implementations=caught-*,missed-*", f"--dp-audit-report={report}", "-rxf")
     result.assert_outcomes(passed=1, failed=1, xfailed=1)
     result.stdout.fnmatch_lines(["*buggy variant missed-d2 (D2: adds no noise) was not caught*"])
+    result.stdout.fnmatch_lines(["*caught-d1*violation  *", "*missed-d2*pass !*", "*missed-d3*pass ~*"])
     data = json.loads(report.read_text())
     assert data["planned_audits"] == 0  # variants take no share of the level
     assert {a["implementation"]: a["detectability"] for a in data["audits"]} == {
