@@ -77,7 +77,9 @@ def resolve_device(requested: str) -> torch.device:
 
 @contextlib.contextmanager
 def fast_math() -> Iterator[None]:
-    """Flush denormal floats to zero while training (measured ~3x faster DP-SGD on CPU, same results).
+    """Flush denormal floats to zero while training. The founders' prototype measured one audit at 62 s
+    without and 22 s with it on this CPU; an A/B of our implementations (σ = 0, 0.6, 1) showed no
+    difference, so it is kept as a guard against denormal slow-downs, not as a measured speed-up.
 
     ``torch.set_flush_denormal`` sets the flush-to-zero flags of the *calling thread* only, and torch's
     OpenMP worker threads copy the flags of the thread that created them, once. So in a process whose
