@@ -124,9 +124,8 @@ VARIANTS: tuple[VariantSpec, ...] = (
         "clipped to C as one row (the sum to B·C)",
         detectability="D2",
         notes="ghost per-row clipping off (module max_grad_norm = inf); DPOptimizerFastGradientClipping."
-        "accumulate clips the summed gradient to expected_batch_size·C. D2 (the weaker end of D1–D2): "
-        "measured ε_L 1.38 at claimed ε 2 (quick profile, inclusion design, seed 0), a clear signal but "
-        "not an obvious catch",
+        "accumulate clips the summed gradient to expected_batch_size·C. Caught on every seed at claimed "
+        "ε ≤ 2 by the quick profile (benchmarks/results/detection.md)",
     ),
     VariantSpec(
         name="opacus-unnoised-layer",
@@ -136,8 +135,8 @@ VARIANTS: tuple[VariantSpec, ...] = (
         detectability="D1",
         notes="DPOptimizer.add_noise, then the output Linear's weight and bias get their clipped sum back "
         "un-noised; D1 (the stronger end of D1–D2) because the un-noised layer is the output layer, which "
-        "memorises the labels: measured ε_L 4.21 at claimed ε 2, 499/500 correct (quick profile, "
-        "inclusion design, seed 0)",
+        "memorises the labels: caught on every seed at claimed ε 1, 2 and 4 by the quick profile "
+        "(benchmarks/results/detection.md)",
     ),
     VariantSpec(
         name="opacus-duplicated-rows",
@@ -149,8 +148,8 @@ VARIANTS: tuple[VariantSpec, ...] = (
         detectability="D3",
         notes="Opacus' UniformWithReplacementSampler with each sampled index repeated twice in its batch. "
         "bugs.md classes row 6 D2; at two copies (the low end of its 2-10x range) this audit measured "
-        "ε_L 0.76–1.6 at claimed ε 2 (quick profile, lr 1–5, seed 0) against a true ε of 4.0 (PLD), so it is D3 here: "
-        "reported, not required to be caught",
+        "ε_L 0.55–1.6 at claimed ε 2 (quick profile at lr 1 and 5; benchmarks/results/detection.md) "
+        "against a true ε of 4.0 (PLD), so it is D3 here: reported, not required to be caught",
     ),
     VariantSpec(
         name="opacus-realised-batch-norm",

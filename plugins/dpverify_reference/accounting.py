@@ -19,26 +19,24 @@ def _event(noise_multiplier: float, sampling_rate: float, steps: int):
     return dp_accounting.SelfComposedDpEvent(step, steps)
 
 
-def rdp_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
-    """ε of DP-SGD by the RDP accountant of ``dp_accounting`` (add/remove); ``inf`` without noise."""
-    from dp_accounting import rdp
+def _epsilon(kind: str, noise_multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
+    from dp_accounting import pld, rdp
 
     if noise_multiplier == 0.0:
         return math.inf
-    accountant = rdp.RdpAccountant()
+    accountant = rdp.RdpAccountant() if kind == "rdp" else pld.PLDAccountant()
     accountant.compose(_event(noise_multiplier, sampling_rate, steps))
     return float(accountant.get_epsilon(delta))
+
+
+def rdp_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
+    """ε of DP-SGD by the RDP accountant of ``dp_accounting`` (add/remove); ``inf`` without noise."""
+    return _epsilon("rdp", noise_multiplier, sampling_rate, steps, delta)
 
 
 def pld_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
     """ε by the privacy-loss-distribution accountant of ``dp_accounting`` (tighter than RDP)."""
-    from dp_accounting import pld
-
-    if noise_multiplier == 0.0:
-        return math.inf
-    accountant = pld.PLDAccountant()
-    accountant.compose(_event(noise_multiplier, sampling_rate, steps))
-    return float(accountant.get_epsilon(delta))
+    return _epsilon("pld", noise_multiplier, sampling_rate, steps, delta)
 
 
 def calibrate_noise_multiplier(
