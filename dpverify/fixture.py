@@ -70,7 +70,9 @@ class DPAudit:
 
     Runs one audit; raises :class:`~dpverify.results.DPViolation` when the claim is refuted and
     :class:`~dpverify.results.AuditError` when training failed. Settings come from, in order, the call's
-    keywords, the test's ``dp_audit`` marker, the command line, the environment and the ini file.
+    keywords, the test's ``dp_audit`` marker, the command line, the environment and the ini file; a
+    ``config`` passed explicitly (e.g. drawn by Hypothesis) is used as given, with the call's keywords on
+    top. The seed and the confidence are always the session's.
     """
 
     def __init__(self, session: AuditSession, node: Any, marker_settings: dict[str, Any], budget: int) -> None:
