@@ -157,14 +157,21 @@ def false_alarms(args: argparse.Namespace) -> list[str]:
 
 
 def speed(args: argparse.Namespace) -> list[str]:
-    """Seconds per quick audit and the auditor's own share (canaries, scoring, bound)."""
+    """Seconds per quick audit, the auditor's own share (canaries, scoring, bound), and growth with m and h."""
     rows = []
     for name in args.implementations:
         result = _audit(name, seed=0, epsilon=2.0)
-        rows.append((name, result.device, result.seconds, result.auditor_seconds, f"{result.auditor_seconds / result.seconds:.1%}"))
-    return _header("Speed of one quick audit", args.command) + _table(
-        ("implementation", "device", "s / audit", "auditor s", "auditor share"), rows
-    )
+        rows.append((name, "quick", result.device, result.seconds, result.auditor_seconds,
+                     f"{result.auditor_seconds / result.seconds:.1%}"))
+    for label, overrides in [(f"m = d = {m}", dict(m=m, dimension=m)) for m in (2000, 4000)] + [
+        (f"h = {h}", dict(hidden_width=h)) for h in (500, 2000, 4000)
+    ]:
+        result = _audit("opacus-ghost", seed=0, epsilon=2.0, **overrides)
+        rows.append(("opacus-ghost", label, result.device, result.seconds, result.auditor_seconds,
+                     f"{result.auditor_seconds / result.seconds:.1%}"))
+    return _header("Speed of one audit", args.command) + [
+        "One run per row (seconds vary by ±30 % between runs on this shared CPU).", ""
+    ] + _table(("implementation", "setting", "device", "s / audit", "auditor s", "auditor share"), rows)
 
 
 def _median(values: Iterable[float | None]) -> float:

@@ -111,3 +111,14 @@ def test_config_overrides_are_routed_and_unknown_ones_rejected():
         profile_config("quick", sampling_rate=1.5)
     with pytest.raises(ValueError, match="design must be one of"):
         AuditConfig(design="triple")
+
+
+def test_package_exports_load_lazily():
+    import subprocess
+
+    code = (
+        "import sys, dpverify; light = 'numpy' not in sys.modules; "
+        "from dpverify import run_audit, DPViolation, register_implementation; print(light, callable(run_audit))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True True"
