@@ -72,8 +72,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    import fnmatch
-
     from dpverify.audit import run_audit
     from dpverify.config import profile_config
     from dpverify.registry import registered_implementations
@@ -81,13 +79,6 @@ def _audit(args: argparse.Namespace) -> int:
 
     if not args.names and not args.all:
         raise ValueError("name at least one implementation (see `dpverify list`) or pass --all")
-    chosen = [
-        impl
-        for impl in registered_implementations()
-        if args.all or any(fnmatch.fnmatchcase(impl.info.name, pattern) for pattern in args.names)
-    ]
-    if not chosen:
-        raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
     session = AuditSession(
         enabled=True,
         profile=args.profile,
@@ -95,12 +86,15 @@ def _audit(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
         epsilon=args.epsilon,
-        implementations=tuple(args.names),
+        implementations=() if args.all else tuple(args.names),
         report_path=args.report,
         plots_dir=args.plots,
-        # As in the plugin: only audits of implementations expected to be private can raise a false alarm.
-        planned_audits=sum(impl.info.expected == "private" for impl in chosen),
     )
+    chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
+    if not chosen:
+        raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
+    # As in the plugin: only audits of implementations expected to be private can raise a false alarm.
+    session.planned_audits = sum(impl.info.expected == "private" for impl in chosen)
     overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
     print(session.header(), file=sys.stderr)
     for index, implementation in enumerate(chosen, start=1):

@@ -26,9 +26,8 @@ class DPAuditItem(pytest.Item):
         return self.config.stash[SESSION_KEY]
 
     def runtest(self) -> None:
-        from dpverify.fixture import audit_config, execute_audit, reproduce_hint
+        from dpverify.fixture import audit_config, execute_audit, raise_for_verdict, reproduce_hint
         from dpverify.registry import get_implementation
-        from dpverify.results import AuditError, DPViolation
 
         session = self.audit_session
         implementation = get_implementation(self.implementation_name)
@@ -37,9 +36,7 @@ class DPAuditItem(pytest.Item):
             pytest.skip(reason)
         result = execute_audit(session, self, implementation, audit_config(session, {}), key=self.nodeid)
         info = implementation.info
-        if result.verdict == "error":
-            raise AuditError(result)
-        if info.expected == "violation":
+        if info.expected == "violation" and result.verdict != "error":
             if result.verdict == "violation":
                 return
             missed = (
@@ -48,8 +45,7 @@ class DPAuditItem(pytest.Item):
             if info.detectability in MUST_CATCH:
                 pytest.fail(missed, pytrace=False)
             pytest.xfail(missed)
-        if result.verdict == "violation":
-            raise DPViolation(result, reproduce=reproduce_hint(session, self))
+        raise_for_verdict(result, reproduce=reproduce_hint(session, self))
         if result.verdict == "undecided":
             pytest.skip(result.summary())
 
