@@ -4,16 +4,20 @@
     .venv/bin/python benchmarks/audits.py detection    # every buggy variant × claimed ε × seeds
     .venv/bin/python benchmarks/audits.py noise-deficit  # smallest noise deficit 1/k caught
     .venv/bin/python benchmarks/audits.py false-alarms # many audits of correct implementations
-    .venv/bin/python benchmarks/audits.py speed        # seconds per audit and the auditor's share
+    .venv/bin/python benchmarks/audits.py speed        # seconds per audit, DP overhead, the auditor's share
+    .venv/bin/python benchmarks/audits.py sweep        # ε_L(8) and ε_L(∞) over what the auditor controls
 
-Each writes ``benchmarks/results/<name>.md`` stating the device, the date and the command. Numbers here
-are measurements, never test assertions. ``--seeds`` and ``--quick`` shrink a run.
+Each writes ``benchmarks/results/<name>.md`` (``<name>-cuda.md`` when it ran on a GPU) stating the device,
+the date and the command. Numbers here are measurements, never test assertions. ``--seeds`` shrinks a
+run; ``--profile`` and ``--device`` pick the starting point and where training runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
+import os
 import platform
 import statistics
 import sys
@@ -25,7 +29,8 @@ from typing import Iterable
 from scipy import stats
 
 from dpverify.audit import resolve_device, run_audit
-from dpverify.config import profile_config
+from dpverify.config import PROFILE_NAMES, AuditConfig, profile_config
+from dpverify.contract import Implementation, ImplementationInfo, PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditResult
 
@@ -35,23 +40,70 @@ EPSILONS = (1.0, 2.0, 4.0, 8.0, float("inf"))
 PAPER = {("orthogonal", 2000): {1.0: 1.089, 8.0: 3.059, float("inf"): 6.449}, ("gaussian", 10_000): {1.0: 0.771, 8.0: 3.780, float("inf"): 7.829}}
 
 
-def _audit(name: str, *, seed: int, **overrides) -> AuditResult:
+class NonPrivateSGD(Implementation):
+    """Plain minibatch SGD of the designated model, no clipping and no noise: the yardstick for DP overhead.
+
+    Same model, initialisation, Poisson batches, step count and learning rate as the DP implementations;
+    it claims ε = ∞, so it is never audited for a verdict, only timed (and shows ε_L without DP)."""
+
+    info = ImplementationInfo(name="non-private-sgd", library="torch", requires=("torch",), extra="torch")
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        import torch
+
+        from dpverify.torch import as_tensors, build_mlp, make_predictor, poisson_batches, resolve_device, seeds_for
+
+        hp, device, seeds = request.hyperparameters, resolve_device(request.device), seeds_for(request.seed)
+        model = build_mlp(request, device=device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=hp.learning_rate)
+        features, labels = as_tensors(request, device)
+        for batch in poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seed=seeds.sampling):
+            if batch.numel():
+                batch = batch.to(device)
+                optimizer.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(features[batch]), labels[batch]).backward()
+                optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        claim = PrivacyClaim(epsilon=math.inf, delta=hp.delta, accountant="none (non-private)", noise_multiplier=0.0,
+                             sampling_rate=hp.sampling_rate, steps=hp.steps)
+        return TrainedModel(predict_log_proba=make_predictor(model, device), claim=claim, device=device.type)
+
+
+def _implementation(name: str) -> Implementation:
+    return NonPrivateSGD() if name == NonPrivateSGD.info.name else get_implementation(name)
+
+
+def _audit(args: argparse.Namespace, name: str, *, seed: int, profile: str | None = None, **overrides) -> AuditResult:
+    config = profile_config(profile or args.profile, seed=seed, device=args.device, **overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return run_audit(get_implementation(name), profile_config("quick", seed=seed, device="auto", **overrides))
+        return run_audit(_implementation(name), config)
 
 
-def _header(title: str, command: str) -> list[str]:
-    device = resolve_device("auto")
-    cpu = f"{platform.machine()}, {__import__('os').cpu_count()} logical cores"
+def _describe(config: AuditConfig) -> str:
+    c, h = config.canaries, config.hyperparameters
+    return (f"m = {c.m}, d = {c.dimension}, h = {config.architecture.hidden_width}, C = {c.num_classes}, "
+            f"q = {h.sampling_rate:g}, {h.steps} steps, lr {h.learning_rate:g}, {config.design} design, "
+            f"δ = {h.delta:g}, {config.confidence:.0%} confidence per audit, guess grid of "
+            f"{len(config.guess_rule.counts(c.m))} counts with Bonferroni")
+
+
+def _header(title: str, args: argparse.Namespace) -> list[str]:
+    device = resolve_device(args.device)
+    if device == "cuda":
+        import torch
+
+        where = f"cuda ({torch.cuda.get_device_name()}, torch {torch.__version__}; {os.cpu_count()} CPU cores)"
+    else:
+        where = f"cpu ({platform.machine()}, {os.cpu_count()} logical cores, no GPU)"
     return [
         f"# {title}",
         "",
-        f"- device: {device} ({cpu}; a 2-core CPU without GPU unless it says cuda)",
+        f"- device: {where}",
         f"- date: {datetime.date.today().isoformat()}",
-        f"- command: `{command}`",
-        "- profile: quick unless a column says otherwise (m = d = h = 1000, C = 100, q = 1, 20 steps, lr 5, "
-        "inclusion design, δ = 1e-5, 95 % confidence per audit, guess grid of 7 counts with Bonferroni)",
+        f"- command: `{args.command}`",
+        f"- profile: {args.profile} unless a column says otherwise ({_describe(profile_config(args.profile))})",
         "",
     ]
 
@@ -69,9 +121,11 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def _write(name: str, lines: list[str]) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.md"
+def _write(name: str, lines: list[str], args: argparse.Namespace) -> None:
+    suffix = "-cuda" if resolve_device(args.device) == "cuda" else ""
+    directory = Path(args.results_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}{suffix}.md"
     path.write_text("\n".join(lines) + "\n")
     print(path.read_text())
 
@@ -80,23 +134,24 @@ def power(args: argparse.Namespace) -> list[str]:
     """ε_L of a correct implementation (opacus-ghost) across claimed ε, canary mode, score and m."""
     rows = []
     scores = {"inclusion": ("mean_comparison", "self_comparison", "loss"), "pair": ("self_comparison", "loss")}
-    grid = [(m, d, mode, score) for m in args.m for d in args.designs for mode in ("orthogonal", "gaussian") for score in scores[d]]
+    grid = [(m, d, mode, score) for m in args.m for d in args.designs for mode in args.modes for score in scores[d][: args.scores]]
     for m, design, mode, score in grid:
-        for epsilon in EPSILONS:
+        for epsilon in args.epsilons:
+            dimension = args.dimension or m
             results = [
-                _audit("opacus-ghost", seed=s, m=m, dimension=m, mode=mode, score=score, epsilon=epsilon, design=design)
+                _audit(args, "opacus-ghost", seed=s, m=m, dimension=dimension, mode=mode, score=score, epsilon=epsilon, design=design)
                 for s in range(args.seeds)
             ]
             paper = PAPER.get((mode, m), {}).get(epsilon, "") if design == "pair" else ""
             rows.append(
-                (m, design, mode, score, epsilon, _median(r.library_epsilon for r in results), _median(r.claimed_epsilon for r in results),
+                (m, dimension, design, mode, score, epsilon, _median(r.library_epsilon for r in results), _median(r.claimed_epsilon for r in results),
                  _median(r.epsilon_lower_bound for r in results), max(r.epsilon_lower_bound for r in results),
                  _median(r.fdp_epsilon_lower_bound for r in results), results[0].optimal_epsilon, paper,
                  _median(r.seconds for r in results))
             )
-    columns = ("m", "design", "canaries", "score", "target ε", "Opacus ε (add/remove, RDP)", "claimed ε in the design's relation", "median ε_L", "max ε_L",
+    columns = ("m", "d", "design", "canaries", "score", "target ε", "Opacus ε (add/remove, RDP)", "claimed ε in the design's relation", "median ε_L", "max ε_L",
                "median f-DP ε", "ε_O", "paper ε_L", "s / audit")
-    return _header("Auditing power: ε_L of a correct implementation", args.command) + [
+    return _header("Auditing power: ε_L of a correct implementation", args) + [
         f"opacus-ghost, {args.seeds} seed(s) per row; the verdict uses ε_L (Steinke et al.); the f-DP column "
         "(Mahloujifar et al., μ-GDP family) is for comparison. The paper's numbers (pair design, q = 0.1, "
         "its own training set-up) stand beside our pair rows; the pair design's claim is the replace-one ε "
@@ -113,13 +168,13 @@ def detection(args: argparse.Namespace) -> list[str]:
         if args.only and not any(p in implementation.info.name for p in args.only):
             continue
         for epsilon in (1.0, 2.0, 4.0):
-            results = [_audit(implementation.info.name, seed=s, epsilon=epsilon) for s in range(args.seeds)]
+            results = [_audit(args, implementation.info.name, seed=s, epsilon=epsilon) for s in range(args.seeds)]
             caught = sum(r.verdict == "violation" for r in results)
             rows.append((implementation.info.name, implementation.info.bug, implementation.info.detectability, epsilon,
                          f"{caught}/{len(results)}", _median(r.epsilon_lower_bound for r in results),
                          _median(r.seconds for r in results)))
     columns = ("variant", "bugs.md row", "expected", "claimed ε", "caught", "median ε_L", "s / audit")
-    return _header("Bug detection: buggy variants caught", args.command) + _table(columns, rows)
+    return _header("Bug detection: buggy variants caught", args) + _table(columns, rows)
 
 
 def noise_deficit(args: argparse.Namespace) -> list[str]:
@@ -132,46 +187,113 @@ def noise_deficit(args: argparse.Namespace) -> list[str]:
         smallest = None
         for k in (1.25, 1.5, 2.0, 3.0, 5.0, 10.0):
             name = register_implementation(noise_scaled(k), replace=True).info.name
-            results = [_audit(name, seed=s, epsilon=epsilon) for s in range(args.seeds)]
+            results = [_audit(args, name, seed=s, epsilon=epsilon) for s in range(args.seeds)]
             rate = sum(r.verdict == "violation" for r in results) / len(results)
             if smallest is None and rate >= 0.8:
                 smallest = k
             rows.append((epsilon, k, f"{rate:.0%}", _median(r.epsilon_lower_bound for r in results)))
         rows.append((epsilon, "smallest k caught ≥ 80 %", smallest or "none ≤ 10", ""))
-    return _header("Smallest noise deficit caught", args.command) + _table(("claimed ε", "k", "caught", "median ε_L"), rows)
+    return _header("Smallest noise deficit caught", args) + _table(("claimed ε", "k", "caught", "median ε_L"), rows)
 
 
 def false_alarms(args: argparse.Namespace) -> list[str]:
     """Many audits of correct implementations at 95 %: violations and their Clopper–Pearson interval."""
     rows, total_violations, total = [], 0, 0
     for name in args.implementations:
-        results = [_audit(name, seed=1000 + s, epsilon=e) for s in range(args.seeds) for e in (1.0, 2.0, 4.0)]
+        results = [_audit(args, name, seed=1000 + s, epsilon=e) for s in range(args.seeds) for e in (1.0, 2.0, 4.0)]
         violations = sum(r.verdict == "violation" for r in results)
         total_violations, total = total_violations + violations, total + len(results)
         rows.append((name, len(results), violations, _median(r.epsilon_lower_bound for r in results)))
     interval = stats.binomtest(total_violations, total).proportion_ci(0.95, method="exact")
     rows.append(("all", total, total_violations, f"95 % CI of the rate [{interval.low:.3f}, {interval.high:.3f}]; level 0.05"))
-    return _header("False alarms: audits of correct implementations", args.command) + _table(
+    return _header("False alarms: audits of correct implementations", args) + _table(
         ("implementation", "audits", "violations", "median ε_L"), rows
     )
 
 
 def speed(args: argparse.Namespace) -> list[str]:
-    """Seconds per quick audit, the auditor's own share (canaries, scoring, bound), and growth with m and h."""
+    """Seconds per audit, DP overhead against non-private SGD of the same run, the auditor's own share
+    (canaries, scoring, bound), and growth with m and h."""
     rows = []
+
+    if args.warm_up:  # load the libraries and, on a GPU, create the context and kernels untimed
+        _audit(args, "opacus-ghost", seed=0, epsilon=2.0, profile="quick")
+
+    def timed(name: str, setting: str, profile: str | None = None, **overrides) -> AuditResult:
+        result = _audit(args, name, seed=0, epsilon=2.0, profile=profile, **overrides)
+        rows.append((name, setting, result.device, result.seconds, result.auditor_seconds,
+                     f"{result.auditor_seconds / result.seconds:.1%}", result.verdict))
+        print(rows[-1], flush=True)
+        return result
+
     for name in args.implementations:
-        result = _audit(name, seed=0, epsilon=2.0)
-        rows.append((name, "quick", result.device, result.seconds, result.auditor_seconds,
-                     f"{result.auditor_seconds / result.seconds:.1%}"))
-    for label, overrides in [(f"m = d = {m}", dict(m=m, dimension=m)) for m in (2000, 4000)] + [
-        (f"h = {h}", dict(hidden_width=h)) for h in (500, 2000, 4000)
+        timed(name, args.profile)
+    overhead = []
+    for profile in args.overhead_profiles:
+        private = timed("opacus-ghost", profile, profile=profile)
+        plain = timed(NonPrivateSGD.info.name, profile, profile=profile)
+        overhead.append((profile, private.seconds, plain.seconds, f"{private.seconds / plain.seconds:.1f}×"))
+    for label, overrides in [(f"m = d = {m}", dict(m=m, dimension=m)) for m in args.m] + [
+        (f"h = {h}", dict(hidden_width=h)) for h in args.hidden_widths
     ]:
-        result = _audit("opacus-ghost", seed=0, epsilon=2.0, **overrides)
-        rows.append(("opacus-ghost", label, result.device, result.seconds, result.auditor_seconds,
-                     f"{result.auditor_seconds / result.seconds:.1%}"))
-    return _header("Speed of one audit", args.command) + [
-        "One run per row (seconds vary by ±30 % between runs on this shared CPU).", ""
-    ] + _table(("implementation", "setting", "device", "s / audit", "auditor s", "auditor share"), rows)
+        timed("opacus-ghost", f"{args.profile}, {label}", **overrides)
+    lines = _header("Speed of one audit", args) + [
+        "One run per row at claimed ε = 2" + (" after one untimed warm-up audit" if args.warm_up else "")
+        + "; seconds are the whole audit (canaries, training, queries, scoring, bound)."
+        + (" On the shared 2-core CPU they vary by ±30 % between runs." if resolve_device(args.device) == "cpu" else ""),
+        "",
+    ] + _table(("implementation", "setting", "device", "s / audit", "auditor s", "auditor share", "verdict"), rows)
+    if overhead:
+        lines += ["", "DP overhead: opacus-ghost against non-private SGD of the same model, batches, steps and "
+                  "learning rate (whole audits, auditor included).", ""]
+        lines += _table(("profile", "opacus-ghost s", "non-private s", "overhead"), overhead)
+    return lines
+
+
+#: Settings swept by ``sweep``: (label, profile, overrides). What the auditor controls, one knob at a time
+#: from the quick profile, then the paper's scale where a GPU is lent.
+SWEEPS = {
+    "cpu": [
+        ("quick", "quick", {}),
+        ("quick, pair design", "quick", dict(design="pair")),
+        ("quick, gaussian", "quick", dict(mode="gaussian")),
+        ("quick, lr 2", "quick", dict(learning_rate=2.0)),
+        ("quick, lr 10", "quick", dict(learning_rate=10.0)),
+        ("quick, 50 epochs", "quick", dict(epochs=50)),
+        ("quick, q = 0.1, lr 0.5", "quick", dict(sampling_rate=0.1, learning_rate=0.5)),
+        ("quick, h = 4000", "quick", dict(hidden_width=4000)),
+        ("quick, C = 1000", "quick", dict(num_classes=1000)),
+        ("quick, feature scale 3", "quick", dict(feature_scale=3.0)),
+        ("quick, feature scale 30", "quick", dict(feature_scale=30.0)),
+    ],
+    "cuda": [
+        ("quick", "quick", {}),
+        ("quick, h = 10⁴", "quick", dict(hidden_width=10_000)),
+        ("quick, h = 10⁵", "quick", dict(hidden_width=100_000)),
+        ("quick, h = 10⁵, C = 1000", "quick", dict(hidden_width=100_000, num_classes=1000)),
+        ("quick, m = 10⁴, d = 1000, h = 10⁵, C = 1000", "quick", dict(m=10_000, hidden_width=100_000, num_classes=1000)),
+        ("paper", "paper", {}),
+        ("paper, pair design, gaussian", "paper", dict(design="pair", mode="gaussian")),
+    ],
+}
+
+
+def sweep(args: argparse.Namespace) -> list[str]:
+    """ε_L of opacus-ghost at target ε = 8 and without noise, one knob of the profile at a time."""
+    rows = []
+    for label, profile, overrides in SWEEPS[args.grid]:
+        if args.only and not any(p in label for p in args.only):
+            continue
+        for epsilon in (8.0, float("inf")):
+            results = [_audit(args, "opacus-ghost", seed=s, profile=profile, epsilon=epsilon, **overrides) for s in range(args.seeds)]
+            rows.append((label, epsilon, _median(r.claimed_epsilon for r in results), _median(r.epsilon_lower_bound for r in results),
+                         results[0].optimal_epsilon, _median(r.seconds for r in results)))
+            print(rows[-1], flush=True)
+    return _header("Sweep: what the auditor controls, against ε_L", args) + [
+        f"opacus-ghost, {args.seeds} seed(s) per row. Goals: quick ≤ 30 s on the 2-core CPU with ε_L(8) ≥ 3.06 "
+        "and ε_L(∞) ≥ 0.95·ε_O; standard ≤ 5 min with ε_L(8) ≥ 3.78.",
+        "",
+    ] + _table(("setting", "target ε", "claimed ε in the design's relation", "median ε_L", "ε_O", "s / audit"), rows)
 
 
 def _median(values: Iterable[float | None]) -> float:
@@ -181,11 +303,22 @@ def _median(values: Iterable[float | None]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmark", choices=("power", "detection", "noise-deficit", "false-alarms", "speed"))
+    parser.add_argument("benchmark", choices=("power", "detection", "noise-deficit", "false-alarms", "speed", "sweep"))
+    parser.add_argument("--profile", choices=PROFILE_NAMES, default="quick")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--results-dir", default=str(RESULTS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--m", type=int, nargs="+", default=[1000, 2000])
+    parser.add_argument("--dimension", type=int, default=None, help="power: feature dimension (default: d = m)")
     parser.add_argument("--designs", nargs="+", choices=("inclusion", "pair"), default=["inclusion", "pair"])
-    parser.add_argument("--only", nargs="*", default=[], help="variants whose name contains one of these")
+    parser.add_argument("--modes", nargs="+", choices=("orthogonal", "gaussian"), default=["orthogonal", "gaussian"])
+    parser.add_argument("--scores", type=int, default=3, help="power: the first N scores of each design")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
+    parser.add_argument("--hidden-widths", type=int, nargs="+", default=[500, 2000, 4000])
+    parser.add_argument("--overhead-profiles", nargs="*", choices=PROFILE_NAMES, default=["quick", "standard"])
+    parser.add_argument("--warm-up", action="store_true", help="speed: one untimed audit first")
+    parser.add_argument("--grid", choices=tuple(SWEEPS), default="cpu", help="sweep: which settings")
+    parser.add_argument("--only", nargs="*", default=[], help="variants (sweep: settings) whose name contains one of these")
     parser.add_argument(
         "--implementations", nargs="+", default=["opacus-ghost", "reference-dpsgd", "opacus-hooks", "tf-privacy-keras"]
     )
@@ -195,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     name = args.benchmark.replace("-", "_")
     lines = globals()[name](args)
     lines += ["", f"Total wall time: {time.perf_counter() - started:.0f} s."]
-    _write(args.benchmark, lines)
+    _write(args.benchmark, lines, args)
 
 
 if __name__ == "__main__":

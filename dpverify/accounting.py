@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import fft, signal, special
+from scipy import fft, integrate, signal, special
 
 from dpverify._validation import check_choice, check_int, check_probability, check_real
 
@@ -358,7 +358,7 @@ def _renyi(pair: _Pair, swap: bool) -> np.ndarray:
     fine = lo[:, None] + (hi - lo)[:, None] * np.linspace(0, 1, 4001)
     values = log_integrand(fine)
     peak = values.max(axis=1, keepdims=True)
-    integral = np.trapz(np.exp(values - peak), fine, axis=1)
+    integral = integrate.trapezoid(np.exp(values - peak), fine, axis=1)  # np.trapz is gone in numpy 2.4
     return (peak[:, 0] + np.log(integral)) / (lam[:, 0] - 1)
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from dpverify.audit import resolve_device
+
 REPO = Path(__file__).resolve().parents[1]
 
 CONFTEST = f"""
@@ -56,7 +58,7 @@ def test_third_party_implementation_is_audited_and_a_leak_fails_with_an_actionab
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*dpverify: DP audits on (profile quick, seed 11, device cpu*",
+            f"*dpverify: DP audits on (profile quick, seed 11, device {resolve_device('auto')}*",
             "*leaky: verdict VIOLATION (inclusion design, add_remove relation)*",
             '*Reproduce with: pytest --dp-audit --dp-audit-seed 11 --dp-audit-profile quick -k "dp-audit[[]leaky[]]"*',
             "*dp-audit summary*",
