@@ -20,9 +20,11 @@ from dpverify._validation import check_choice, check_int, check_real
 Relation = Literal["add_remove", "replace_one"]
 Expected = Literal["private", "violation"]
 Detectability = Literal["D1", "D2", "D3", "D4"]
+Task = Literal["classification", "language"]
 
 RELATIONS: tuple[str, ...] = ("add_remove", "replace_one")
 DETECTABILITY_CLASSES: tuple[str, ...] = ("D1", "D2", "D3", "D4")
+TASKS: tuple[str, ...] = ("classification", "language")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,13 +168,16 @@ class ImplementationInfo:
     ``requires`` lists importable modules; when one is missing the implementation is skipped with a
     reason naming ``extra`` (``pip install dpverify[<extra>]``). A buggy variant sets
     ``expected="violation"``, the rule of the DP-SGD step it ``breaks``, its row in ``bugs.md`` and its
-    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit).
+    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit). ``task`` says
+    what it trains: ``classification`` (a :class:`TrainingRequest` for the MLP) or ``language`` (token
+    sequences for a small causal transformer).
     """
 
     name: str
     library: str
     requires: tuple[str, ...] = ()
     extra: str | None = None
+    task: Task = "classification"
     expected: Expected = "private"
     breaks: str | None = None
     bug: int | None = None
@@ -182,6 +187,7 @@ class ImplementationInfo:
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ValueError(f"name must be non-empty letters, digits, '-', '_' or '.', got {self.name!r}")
+        check_choice("task", self.task, TASKS)
         check_choice("expected", self.expected, ("private", "violation"))
         if self.expected == "violation":
             if not self.breaks or self.detectability is None:
