@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/audits.py false-alarms # many audits of correct implementations
     .venv/bin/python benchmarks/audits.py speed        # seconds per audit, DP overhead, the auditor's share
     .venv/bin/python benchmarks/audits.py sweep        # ε_L(8) and ε_L(∞) over what the auditor controls
+    .venv/bin/python benchmarks/audits.py guess-grid   # other declared guess grids on the same runs
 
 Each writes ``benchmarks/results/<name>.md`` (``<name>-cuda.md`` when it ran on a GPU) stating the device,
 the date and the command. Numbers here are measurements, never test assertions. ``--seeds`` shrinks a
@@ -15,6 +16,7 @@ run; ``--profile`` and ``--device`` pick the starting point and where training r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -204,11 +206,39 @@ def false_alarms(args: argparse.Namespace) -> list[str]:
         violations = sum(r.verdict == "violation" for r in results)
         total_violations, total = total_violations + violations, total + len(results)
         rows.append((name, len(results), violations, _median(r.epsilon_lower_bound for r in results)))
+    configs = _hypothesis_configs(args.hypothesis_examples)
+    for name in args.implementations if configs else ():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results = [run_audit(_implementation(name), dataclasses.replace(c, seed=2000 + i, device=args.device))
+                       for i, c in enumerate(configs)]
+        violations = sum(r.verdict == "violation" for r in results)
+        total_violations, total = total_violations + violations, total + len(results)
+        rows.append((f"{name}, Hypothesis configurations", len(results), violations, _median(r.epsilon_lower_bound for r in results)))
     interval = stats.binomtest(total_violations, total).proportion_ci(0.95, method="exact")
     rows.append(("all", total, total_violations, f"95 % CI of the rate [{interval.low:.3f}, {interval.high:.3f}]; level 0.05"))
     return _header("False alarms: audits of correct implementations", args) + _table(
         ("implementation", "audits", "violations", "median ε_L"), rows
     )
+
+
+def _hypothesis_configs(count: int) -> list[AuditConfig]:
+    """``count`` audit configurations drawn by :func:`dpverify.strategies.audit_configs`, derandomized."""
+    if count < 1:
+        return []
+    from hypothesis import given, settings
+
+    from dpverify.strategies import audit_configs
+
+    drawn: list[AuditConfig] = []
+
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None)
+    @given(audit_configs())
+    def collect(config: AuditConfig) -> None:
+        drawn.append(config)
+
+    collect()
+    return drawn[:count]
 
 
 def speed(args: argparse.Namespace) -> list[str]:
@@ -296,6 +326,36 @@ def sweep(args: argparse.Namespace) -> list[str]:
     ] + _table(("setting", "target ε", "claimed ε in the design's relation", "median ε_L", "ε_O", "s / audit"), rows)
 
 
+#: Guess grids compared by ``guess-grid``: fractions of m, each declared before any score is seen.
+GUESS_GRIDS = {
+    "default": (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+    "+0.8, 0.9": (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 0.8, 0.9, 1.0),
+    "top-heavy": (0.05, 0.1, 0.2, 0.5, 0.8, 0.9, 1.0),
+    "coarse": (0.02, 0.1, 0.5, 0.9, 1.0),
+}
+
+
+def guess_grid(args: argparse.Namespace) -> list[str]:
+    """ε_L and detection under other declared guess grids (and one-sided guessing), same seeds and runs."""
+    cases = [("opacus-ghost", e) for e in (1.0, 2.0, 8.0, float("inf"))] + [
+        (name, e) for name in ("opacus-no-clipping", "opacus-batch-clipping", "opacus-unnoised-layer") for e in (2.0, 4.0)
+    ]
+    grids = [(label, fractions, "two") for label, fractions in GUESS_GRIDS.items()] + [("default, one-sided", GUESS_GRIDS["default"], "one")]
+    rows = []
+    for name, epsilon in cases:
+        for label, fractions, sides in grids:
+            results = [_audit(args, name, seed=s, epsilon=epsilon, guesses=fractions, sides=sides) for s in range(args.seeds)]
+            caught = sum(r.verdict == "violation" for r in results)
+            rows.append((name, epsilon, label, _median(r.epsilon_lower_bound for r in results), f"{caught}/{len(results)}",
+                         results[0].optimal_epsilon))
+            print(rows[-1], flush=True)
+    return _header("Guess grids: ε_L and detection under other declared grids", args) + [
+        f"{args.seeds} seed(s) per row; each row retrains with the same seeds, so rows of one case differ only in "
+        "the grid. The Bonferroni correction grows with the grid's size; ε_O is the grid's ceiling.",
+        "",
+    ] + _table(("implementation", "claimed ε", "grid", "median ε_L", "violations", "ε_O"), rows)
+
+
 def _median(values: Iterable[float | None]) -> float:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else float("nan")
@@ -303,10 +363,11 @@ def _median(values: Iterable[float | None]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmark", choices=("power", "detection", "noise-deficit", "false-alarms", "speed", "sweep"))
+    parser.add_argument("benchmark", choices=("power", "detection", "noise-deficit", "false-alarms", "speed", "sweep", "guess-grid"))
     parser.add_argument("--profile", choices=PROFILE_NAMES, default="quick")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--results-dir", default=str(RESULTS))
+    parser.add_argument("--output", help="file name in the results directory, without .md (default: the benchmark's name)")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--m", type=int, nargs="+", default=[1000, 2000])
     parser.add_argument("--dimension", type=int, default=None, help="power: feature dimension (default: d = m)")
@@ -316,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     parser.add_argument("--hidden-widths", type=int, nargs="+", default=[500, 2000, 4000])
     parser.add_argument("--overhead-profiles", nargs="*", choices=PROFILE_NAMES, default=["quick", "standard"])
+    parser.add_argument("--hypothesis-examples", type=int, default=0,
+                        help="false-alarms: also this many Hypothesis-drawn configurations per implementation")
     parser.add_argument("--warm-up", action="store_true", help="speed: one untimed audit first")
     parser.add_argument("--grid", choices=tuple(SWEEPS), default="cpu", help="sweep: which settings")
     parser.add_argument("--only", nargs="*", default=[], help="variants (sweep: settings) whose name contains one of these")
@@ -328,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     name = args.benchmark.replace("-", "_")
     lines = globals()[name](args)
     lines += ["", f"Total wall time: {time.perf_counter() - started:.0f} s."]
-    _write(args.benchmark, lines, args)
+    _write(args.output or args.benchmark, lines, args)
 
 
 if __name__ == "__main__":
