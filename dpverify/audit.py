@@ -1,11 +1,20 @@
-"""One audit, end to end: canaries, one training run through the contract, scores, guesses, bound, verdict."""
+"""One audit, end to end: canaries, one training run through the contract, scores, guesses, bound, verdict.
+
+The steps every design shares are public, so that other audits (the data-dependent designs in
+:mod:`dpverify.data_audit`, a language-model audit) reuse them rather than copy them:
+:func:`audit_through_contract` (train, claim, score, conclude) and its parts :func:`result_fields`,
+:func:`train_through_contract`, :func:`query_black_box`, :func:`claimed_epsilon`, :func:`guess_and_bound`,
+:func:`decide_verdict`, :func:`concluded_result` and :func:`error_result`; :func:`draw_membership`. A
+step that fails raises :class:`AuditFailure`, which the audit turns into verdict ``error``.
+"""
 
 from __future__ import annotations
 
 import math
 import time
 import traceback
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -15,6 +24,7 @@ from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.results import AuditResult
 from dpverify.scoring import (
+    GuessRule,
     count_correct,
     guesses_from_scores,
     loss_scores,
@@ -41,7 +51,7 @@ def resolve_device(device: str) -> str:
 
 def audit_ceiling(config: AuditConfig, m: int | None = None) -> float:
     """ε_O of this audit: the largest ε_L its guess rule could report, every guess correct."""
-    m = config.canaries.m if m is None else m
+    m = config.audit_size if m is None else m
     counts = config.guess_rule.counts(m)
     confidence = config.guess_rule.corrected_confidence(config.confidence)
     return float(np.max(epsilon_lower_bound(m, counts, counts, delta=config.hyperparameters.delta, confidence=confidence)))
@@ -51,7 +61,7 @@ def canaries_needed(config: AuditConfig, claimed_epsilon: float) -> int | None:
     """Smallest m whose ceiling exceeds ``claimed_epsilon`` (None when no m up to MAX_CANARIES does)."""
     if not math.isfinite(claimed_epsilon):
         return None
-    low, high = config.canaries.m, config.canaries.m
+    low, high = config.audit_size, config.audit_size
     while audit_ceiling(config, high) <= claimed_epsilon:
         low, high = high, high * 2
         if high > MAX_CANARIES:
@@ -88,38 +98,30 @@ def claim_in_relation(claim: PrivacyClaim, relation: str) -> tuple[float, str]:
     )
 
 
-def run_audit(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
-    """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
+class AuditFailure(Exception):
+    """A step of an audit failed because of the implementation under audit (its training, black box or
+    claim); ``device`` is where it ran, when known. The audit reports it as verdict ``error``."""
 
-    A failure in training, in the black box or in the claim ends as verdict ``error``. Seeds: one
-    :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits' and
-    the trainer's streams, so the same seed repeats the whole audit on the same device.
-    """
-    say = progress or (lambda message: None)
-    started = time.perf_counter()
-    device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
-    auditor_started = time.perf_counter()
-    canary_seq, membership_seq, training_seq = np.random.SeedSequence(config.seed).spawn(3)
-    canaries = make_canaries(config.canaries, rng=np.random.default_rng(canary_seq))
-    membership_rng = np.random.default_rng(membership_seq)
-    m = canaries.m
-    if config.design == "inclusion":
-        membership = membership_rng.choice(np.array([-1, 1], dtype=np.int8), size=m)
-        trained_on = membership == 1
-    else:
-        membership = None  # drawn after training (Algorithm 2), so the trainer cannot depend on it
-        trained_on = np.ones(m, dtype=bool)
-    request = TrainingRequest(
-        features=canaries.features[trained_on],
-        labels=canaries.labels[trained_on],
-        num_classes=canaries.num_classes,
-        architecture=config.architecture,
-        hyperparameters=config.hyperparameters,
-        seed=int(training_seq.generate_state(1)[0] % 2**31),
-        device=device,
-    )
-    auditor_seconds = time.perf_counter() - auditor_started
-    base = dict(
+    def __init__(self, cause: str, *, device: str | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.device = device
+
+
+@dataclass
+class AuditClock:
+    """When the audit started, and how many of its seconds were the auditor's own work."""
+
+    started: float
+    auditor_seconds: float = 0.0
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def result_fields(implementation: Implementation, config: AuditConfig, m: int) -> dict[str, Any]:
+    """The :class:`AuditResult` fields every outcome of this audit shares."""
+    return dict(
         implementation=implementation.info.name,
         expected=implementation.info.expected,
         detectability=implementation.info.detectability,
@@ -132,99 +134,236 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
         config=config.to_dict(),
     )
 
-    def failed(cause: str, *, ran_on: str = device) -> AuditResult:
-        return AuditResult(
-            **base,
-            claimed_epsilon=math.nan,
-            epsilon_lower_bound=0.0,
-            guesses=0,
-            correct=0,
-            optimal_epsilon=audit_ceiling(config),
-            verdict="error",
-            device=ran_on,
-            seconds=time.perf_counter() - started,
-            auditor_seconds=auditor_seconds,
-            error=f"{implementation.info.name}: {cause}",
-        )
 
-    say(f"training {implementation.info.name} on {request.num_records} of {m} canaries ({device})")
+def error_result(fields: dict[str, Any], config: AuditConfig, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
+    """Verdict ``error``: the audit could not run because ``failure`` happened."""
+    return AuditResult(
+        **fields,
+        claimed_epsilon=math.nan,
+        epsilon_lower_bound=0.0,
+        guesses=0,
+        correct=0,
+        optimal_epsilon=audit_ceiling(config, fields["m"]),
+        verdict="error",
+        device=failure.device or device,
+        seconds=clock.seconds(),
+        auditor_seconds=clock.auditor_seconds,
+        error=f"{fields['implementation']}: {failure.cause}",
+    )
+
+
+def train_through_contract(implementation: Implementation, request: TrainingRequest) -> TrainedModel:
+    """``implementation.train(request)``, checked to return a :class:`TrainedModel` with a claim."""
     try:
         trained = implementation.train(request)
     except Exception as exc:  # the implementation's failure is the audit's verdict, not a crash
-        return failed(f"training raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}")
+        raise AuditFailure(f"training raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}") from exc
     if not isinstance(trained, TrainedModel) or not isinstance(trained.claim, PrivacyClaim):
-        return failed(f"train() must return a dpverify.contract.TrainedModel with a PrivacyClaim, got {trained!r}")
-    say("querying the black box")
+        raise AuditFailure(f"train() must return a dpverify.contract.TrainedModel with a PrivacyClaim, got {trained!r}")
+    return trained
+
+
+def query_black_box(
+    trained: TrainedModel, features: np.ndarray, *, expected_shape: tuple[int, int], head: str = "predict_log_proba"
+) -> np.ndarray:
+    """The black box ``head`` of ``trained`` on ``features`` as float64, checked for shape and finiteness."""
+    predict = getattr(trained, head)
+    if predict is None:
+        raise AuditFailure(f"returned no {head} black box; the request asked for it", device=trained.device)
     try:
-        log_probs = np.asarray(trained.predict_log_proba(canaries.features), dtype=np.float64)
+        log_probs = np.asarray(predict(features), dtype=np.float64)
     except Exception as exc:
-        return failed(f"predict_log_proba raised {type(exc).__name__}: {exc}", ran_on=trained.device)
-    expected_shape = (m, canaries.num_classes)
+        raise AuditFailure(f"{head} raised {type(exc).__name__}: {exc}", device=trained.device) from exc
     if log_probs.shape != expected_shape:
-        return failed(
-            f"predict_log_proba returned shape {log_probs.shape}, expected {expected_shape} (canaries × classes)",
-            ran_on=trained.device,
+        raise AuditFailure(
+            f"{head} returned shape {log_probs.shape}, expected {expected_shape} (records × classes)",
+            device=trained.device,
         )
     if not np.all(np.isfinite(log_probs)):
         rows = int(np.count_nonzero(~np.isfinite(log_probs).all(axis=1)))
-        return failed(
-            f"predict_log_proba returned NaN or infinite values in {rows} of {m} rows (did training diverge? "
+        raise AuditFailure(
+            f"{head} returned NaN or infinite values in {rows} of {expected_shape[0]} rows (did training diverge? "
             "try a smaller learning_rate)",
-            ran_on=trained.device,
+            device=trained.device,
         )
-    try:
-        claimed_epsilon, derivation = claim_in_relation(trained.claim, config.relation)
-    except Exception as exc:
-        return failed(f"its claim could not be converted to {config.relation}: {exc}", ran_on=trained.device)
+    return log_probs
 
-    scoring_started = time.perf_counter()
-    if membership is None:
-        membership = membership_rng.choice(np.array([-1, 1], dtype=np.int8), size=m)
-    if config.design == "pair":
-        # S = +1 presents the trained label, S = -1 the fresh one (Algorithm 2, lines 5-7).
-        shown, other = (
-            np.where(membership == 1, canaries.labels, canaries.comparison_labels),
-            np.where(membership == 1, canaries.comparison_labels, canaries.labels),
-        )
-    else:
-        shown, other = canaries.labels, canaries.comparison_labels
-    if config.score_kind == "self_comparison":
-        scores = self_comparison_scores(log_probs, shown, other)
-    elif config.score_kind == "mean_comparison":
-        scores = mean_comparison_scores(log_probs, shown)
-    else:
-        scores = loss_scores(log_probs, shown)
-    counts = config.guess_rule.counts(m)
-    corrects = np.array([count_correct(guesses_from_scores(scores, int(k), sides=config.guess_rule.sides), membership) for k in counts])
-    bound_kwargs = dict(delta=config.hyperparameters.delta, confidence=config.guess_rule.corrected_confidence(config.confidence))
+
+def claimed_epsilon(trained: TrainedModel, relation: str) -> tuple[float, str]:
+    """:func:`claim_in_relation` of the trained model's claim; a claim that cannot be converted fails."""
+    try:
+        return claim_in_relation(trained.claim, relation)
+    except Exception as exc:
+        raise AuditFailure(f"its claim could not be converted to {relation}: {exc}", device=trained.device) from exc
+
+
+@dataclass(frozen=True)
+class GuessOutcome:
+    """The best row of the guess rule: ``guesses`` made, ``correct`` among them, their ε_L (Theorem 1) and
+    the f-DP ε_L at the same count; ``bound_by_guesses`` holds (guesses, correct, ε_L) for every count."""
+
+    guesses: int
+    correct: int
+    epsilon_lower_bound: float
+    fdp_epsilon_lower_bound: float
+    bound_by_guesses: tuple[tuple[int, int, float], ...]
+
+
+def guess_and_bound(
+    scores: np.ndarray, membership: np.ndarray, *, guess_rule: GuessRule, confidence: float, delta: float
+) -> GuessOutcome:
+    """Guess from ``scores`` with every count of ``guess_rule``, count the correct guesses against the
+    secret bits ``membership`` (±1) and keep the count with the largest ε_L; each count's bound is at the
+    rule's Bonferroni-corrected ``confidence``, so the maximum keeps ``confidence``."""
+    m = int(scores.shape[0])
+    counts = guess_rule.counts(m)
+    corrects = np.array([count_correct(guesses_from_scores(scores, int(k), sides=guess_rule.sides), membership) for k in counts])
+    bound_kwargs = dict(delta=delta, confidence=guess_rule.corrected_confidence(confidence))
     bounds = np.atleast_1d(epsilon_lower_bound(m, counts, corrects, **bound_kwargs))
-    rows = [(int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds)]
+    rows = tuple((int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds))
     guesses, correct, lower_bound = max(rows, key=lambda row: row[2])
     fdp_bound = float(fdp_epsilon_lower_bound(m, guesses, correct, **bound_kwargs))
-    ceiling = audit_ceiling(config)
-    if lower_bound > claimed_epsilon:
-        verdict, needed = "violation", None
-    elif claimed_epsilon >= ceiling:
-        verdict, needed = "undecided", canaries_needed(config, claimed_epsilon)
-    else:
-        verdict, needed = "pass", None
-    auditor_seconds += time.perf_counter() - scoring_started
+    return GuessOutcome(guesses, correct, lower_bound, fdp_bound, rows)
+
+
+def decide_verdict(config: AuditConfig, lower_bound: float, claimed: float, m: int) -> tuple[str, int | None]:
+    """``(verdict, canaries needed)``: violation when ε_L exceeds the claim, undecided when the claim is
+    at or above this audit's ceiling ε_O (with the m that would decide it), else pass."""
+    if lower_bound > claimed:
+        return "violation", None
+    if claimed >= audit_ceiling(config, m):
+        return "undecided", canaries_needed(config, claimed)
+    return "pass", None
+
+
+def concluded_result(
+    fields: dict[str, Any],
+    config: AuditConfig,
+    trained: TrainedModel,
+    scores: np.ndarray,
+    membership: np.ndarray,
+    *,
+    claim: tuple[float, str],
+    clock: AuditClock,
+    test_accuracy: float | None = None,
+) -> AuditResult:
+    """Guesses, bound and verdict of ``scores`` against ``membership``, as the audit's result; ``claim`` is
+    :func:`claimed_epsilon` of ``trained`` in the design's relation."""
+    m = fields["m"]
+    claimed, derivation = claim
+    outcome = guess_and_bound(
+        scores, membership, guess_rule=config.guess_rule, confidence=config.confidence, delta=config.hyperparameters.delta
+    )
+    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m)
     return AuditResult(
-        **base,
-        claimed_epsilon=claimed_epsilon,
+        **fields,
+        claimed_epsilon=claimed,
         library_epsilon=trained.claim.epsilon,
         claim_derivation=derivation,
-        epsilon_lower_bound=lower_bound,
-        fdp_epsilon_lower_bound=fdp_bound,
-        guesses=guesses,
-        correct=correct,
-        optimal_epsilon=ceiling,
+        epsilon_lower_bound=outcome.epsilon_lower_bound,
+        fdp_epsilon_lower_bound=outcome.fdp_epsilon_lower_bound,
+        guesses=outcome.guesses,
+        correct=outcome.correct,
+        optimal_epsilon=audit_ceiling(config, m),
         canaries_needed=needed,
         verdict=verdict,
         device=trained.device,
-        seconds=time.perf_counter() - started,
-        auditor_seconds=auditor_seconds,
+        seconds=clock.seconds(),
+        auditor_seconds=clock.auditor_seconds,
         scores=scores,
         membership=membership,
-        bound_by_guesses=tuple(rows),
+        bound_by_guesses=outcome.bound_by_guesses,
+        test_accuracy=test_accuracy,
     )
+
+
+#: Turns the trained black box into ``(scores, membership, test accuracy or None)``.
+Scorer = Callable[[TrainedModel], "tuple[np.ndarray, np.ndarray, float | None]"]
+
+
+def audit_through_contract(
+    implementation: Implementation,
+    config: AuditConfig,
+    request: TrainingRequest,
+    score: Scorer,
+    *,
+    m: int,
+    clock: AuditClock,
+    say: Progress,
+) -> AuditResult:
+    """Train ``implementation`` on ``request``, convert its claim to the design's relation, ``score`` the
+    black box (the auditor's time, queries included) and conclude; any :class:`AuditFailure` on the way
+    ends as verdict ``error``."""
+    fields = result_fields(implementation, config, m)
+    try:
+        trained = train_through_contract(implementation, request)
+        claim = claimed_epsilon(trained, config.relation)
+        say("querying the black box")
+        scoring_started = time.perf_counter()
+        scores, membership, accuracy = score(trained)
+        clock.auditor_seconds += time.perf_counter() - scoring_started
+        return concluded_result(
+            fields, config, trained, scores, membership, claim=claim, clock=clock, test_accuracy=accuracy
+        )
+    except AuditFailure as failure:
+        return error_result(fields, config, failure, device=request.device, clock=clock)
+
+
+def draw_membership(rng: np.random.Generator, m: int) -> np.ndarray:
+    """m secret bits S_i, uniform over {−1, +1} (int8)."""
+    return rng.choice(np.array([-1, 1], dtype=np.int8), size=m)
+
+
+def run_audit(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
+    """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
+
+    A failure in training, in the black box or in the claim ends as verdict ``error``. Seeds: one
+    :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits' and
+    the trainer's streams, so the same seed repeats the whole audit on the same device. Data-dependent
+    designs run :func:`dpverify.data_audit.run_data_audit`.
+    """
+    if config.is_data_dependent:
+        from dpverify.data_audit import run_data_audit
+
+        return run_data_audit(implementation, config, progress=progress)
+    say = progress or (lambda message: None)
+    clock = AuditClock(time.perf_counter())
+    device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
+    auditor_started = time.perf_counter()
+    canary_seq, membership_seq, training_seq = np.random.SeedSequence(config.seed).spawn(3)
+    canaries = make_canaries(config.canaries, rng=np.random.default_rng(canary_seq))
+    membership_rng = np.random.default_rng(membership_seq)
+    m = canaries.m
+    drawn_before = draw_membership(membership_rng, m) if config.design == "inclusion" else None
+    # pair: the bits are drawn after training (Algorithm 2), so the trainer cannot depend on them
+    trained_on = drawn_before == 1 if drawn_before is not None else np.ones(m, dtype=bool)
+    request = TrainingRequest(
+        features=canaries.features[trained_on],
+        labels=canaries.labels[trained_on],
+        num_classes=canaries.num_classes,
+        architecture=config.architecture,
+        hyperparameters=config.hyperparameters,
+        seed=int(training_seq.generate_state(1)[0] % 2**31),
+        device=device,
+    )
+    clock.auditor_seconds = time.perf_counter() - auditor_started
+
+    def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, None]:
+        log_probs = query_black_box(trained, canaries.features, expected_shape=(m, canaries.num_classes))
+        membership = drawn_before if drawn_before is not None else draw_membership(membership_rng, m)
+        if config.design == "pair":
+            # S = +1 presents the trained label, S = -1 the fresh one (Algorithm 2, lines 5-7).
+            shown, other = (
+                np.where(membership == 1, canaries.labels, canaries.comparison_labels),
+                np.where(membership == 1, canaries.comparison_labels, canaries.labels),
+            )
+        else:
+            shown, other = canaries.labels, canaries.comparison_labels
+        if config.score_kind == "self_comparison":
+            return self_comparison_scores(log_probs, shown, other), membership, None
+        if config.score_kind == "mean_comparison":
+            return mean_comparison_scores(log_probs, shown), membership, None
+        return loss_scores(log_probs, shown), membership, None
+
+    say(f"training {implementation.info.name} on {request.num_records} of {m} canaries ({device})")
+    return audit_through_contract(implementation, config, request, score, m=m, clock=clock, say=say)

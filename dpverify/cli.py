@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dpverify import options
+from dpverify.config import DESIGNS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,8 +21,14 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--all", action="store_true", help="audit every registered, available implementation")
     audit.add_argument("--profile", choices=options.PROFILE_CHOICES, default="quick")
     audit.add_argument("--epsilon", type=float, default=2.0, help="target ε to calibrate to (inf: non-private)")
-    audit.add_argument("--design", choices=("inclusion", "pair"), default=None)
-    audit.add_argument("--m", type=int, default=None, help="number of canaries")
+    audit.add_argument(
+        "--design",
+        choices=DESIGNS,
+        default=None,
+        help="inclusion or pair (synthetic canaries); multitask (UniAud++), in_distribution or mislabeled "
+        "(real data, report test accuracy; need pip install 'dpverify[data]')",
+    )
+    audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design)")
     audit.add_argument("--epochs", type=int, default=None)
     audit.add_argument("--confidence", type=float, default=0.95, help="confidence for all audits of this run together")
     audit.add_argument("--seed", type=int, default=0)
@@ -116,7 +123,8 @@ def _audit(args: argparse.Namespace) -> int:
             print(f"[{index}/{len(chosen)}] {time.perf_counter() - started:6.1f}s {stage}", file=sys.stderr)
 
         result = run_audit(implementation, config, progress=progress)
-        progress(f"{result.verdict}: ε_L = {result.epsilon_lower_bound:.3f}, claimed {result.claimed_epsilon:.3f}")
+        accuracy = "" if result.test_accuracy is None else f", test accuracy {result.test_accuracy:.3f}"
+        progress(f"{result.verdict}: ε_L = {result.epsilon_lower_bound:.3f}, claimed {result.claimed_epsilon:.3f}{accuracy}")
         session.results.append(result.to_dict())
         if args.plots:
             from dpverify.plots import save_audit_plots

@@ -9,12 +9,23 @@ from typing import Any, Literal
 from dpverify._validation import check_choice, check_int, check_probability
 from dpverify.canaries import CanaryConfig
 from dpverify.contract import DPHyperparameters, MLPArchitecture
+from dpverify.multitask import DataAuditConfig
 from dpverify.scoring import SCORE_KINDS, GuessRule
 
-Design = Literal["inclusion", "pair"]
-DESIGNS: tuple[str, ...] = ("inclusion", "pair")
+Design = Literal["inclusion", "pair", "multitask", "in_distribution", "mislabeled"]
+#: Designs on real data (``config.data``): UniAud++ and the two O(1) baselines it is compared with.
+DATA_DESIGNS: tuple[str, ...] = ("multitask", "in_distribution", "mislabeled")
+DESIGNS: tuple[str, ...] = ("inclusion", "pair") + DATA_DESIGNS
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-DESIGN_RELATION = {"inclusion": "add_remove", "pair": "replace_one"}
+DESIGN_RELATION = {
+    "inclusion": "add_remove",
+    "pair": "replace_one",
+    "multitask": "replace_one",
+    "in_distribution": "add_remove",
+    "mislabeled": "add_remove",
+}
+#: The score each data-dependent design uses (it is part of the design, not a choice).
+DATA_DESIGN_SCORE = {"multitask": "self_comparison", "in_distribution": "loss", "mislabeled": "loss"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +37,13 @@ class AuditConfig:
     default compares the trained label's log-probability with the mean over the other labels. ``design="pair"`` (UniAud
     Algorithm 2): train on every canary and draw the bits afterwards, which tests *replace-one* ε; the claim
     is then converted to replace-one from the run's (σ, q, steps, δ). ``confidence`` is this audit's own.
+
+    Data-dependent designs (Case II: the model must also be useful) audit on ``data`` (real records,
+    :class:`~dpverify.multitask.DataAuditConfig`) and report the main task's test accuracy:
+    ``multitask`` is UniAud++ (Algorithm 3 triggers and tags on a separate tag head, Algorithm 2's
+    self-comparison on the tags, replace-one); ``in_distribution`` and ``mislabeled`` are Steinke et al.'s
+    O(1) audit with m real records (correctly or wrongly labelled) each included with probability ½,
+    scored by the loss of their label (add/remove).
     """
 
     canaries: CanaryConfig = field(default_factory=CanaryConfig)
@@ -34,6 +52,7 @@ class AuditConfig:
     design: Design = "inclusion"
     score: str = "auto"
     guess_rule: GuessRule = field(default_factory=GuessRule)
+    data: DataAuditConfig = field(default_factory=DataAuditConfig)
     confidence: float = 0.95
     seed: int = 0
     device: str = "auto"
@@ -44,15 +63,28 @@ class AuditConfig:
         check_choice("device", self.device, DEVICES)
         check_probability("confidence", self.confidence)
         check_int("seed", self.seed, low=0)
+        if self.is_data_dependent and self.score != "auto":
+            raise ValueError(f"score must be 'auto' for the {self.design!r} design (its score is fixed), got {self.score!r}")
 
     @property
     def relation(self) -> str:
         return DESIGN_RELATION[self.design]
 
     @property
+    def is_data_dependent(self) -> bool:
+        return self.design in DATA_DESIGNS
+
+    @property
+    def audit_size(self) -> int:
+        """m: the audit records of a data-dependent design, else the canaries."""
+        return self.data.m if self.is_data_dependent else self.canaries.m
+
+    @property
     def score_kind(self) -> str:
         """``auto``: compare the trained label with every fresh label in the inclusion design (half the
         comparison noise), with its one exchangeable fresh label in the pair design (Algorithm 2)."""
+        if self.is_data_dependent:
+            return DATA_DESIGN_SCORE[self.design]
         if self.score != "auto":
             return self.score
         return "mean_comparison" if self.design == "inclusion" else "self_comparison"
@@ -78,7 +110,20 @@ HYPERPARAMETER_FIELDS = (
 )
 TOP_FIELDS = ("design", "score", "confidence", "seed", "device")
 GUESS_FIELDS = ("guesses", "sides")
-OVERRIDABLE = CANARY_FIELDS + ARCHITECTURE_FIELDS + HYPERPARAMETER_FIELDS + TOP_FIELDS + GUESS_FIELDS + ("epsilon",)
+#: ``m`` goes to ``data`` instead of ``canaries`` when the (resulting) design is data-dependent.
+DATA_FIELDS = (
+    "dataset",
+    "test_fraction",
+    "trigger_dimension",
+    "trigger_mode",
+    "trigger_scale",
+    "num_tags",
+    "tags_per_record",
+    "tag_weight",
+)
+OVERRIDABLE = (
+    CANARY_FIELDS + ARCHITECTURE_FIELDS + HYPERPARAMETER_FIELDS + TOP_FIELDS + GUESS_FIELDS + DATA_FIELDS + ("epsilon",)
+)
 
 
 def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConfig:
@@ -113,9 +158,13 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         )
     if "sides" in overrides:
         guess_rule = dataclasses.replace(guess_rule, sides=overrides["sides"])
+    canary_fields, data_fields = pick(CANARY_FIELDS), pick(DATA_FIELDS)
+    if overrides.get("design", config.design) in DATA_DESIGNS and "m" in canary_fields:
+        data_fields["m"] = canary_fields.pop("m")
     return dataclasses.replace(
         config,
-        canaries=dataclasses.replace(config.canaries, **pick(CANARY_FIELDS)),
+        canaries=dataclasses.replace(config.canaries, **canary_fields),
+        data=dataclasses.replace(config.data, **data_fields),
         architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
         hyperparameters=dataclasses.replace(config.hyperparameters, **hyper),
         guess_rule=guess_rule,

@@ -86,7 +86,14 @@ class DPHyperparameters:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class TrainingRequest:
-    """What the auditor sends: canaries, the task, the architecture, hyperparameters, seed and device."""
+    """What the auditor sends: canaries, the task, the architecture, hyperparameters, seed and device.
+
+    A multi-task request (UniAud++, paper section 5) also carries ``tags`` ((n, H) int64 in
+    [0, ``num_tags``), −1 where a record carries no tag) for a separate tag head of ``num_tags`` classes on
+    the shared encoder; each record's loss is CE(main, y) + ``tag_weight`` · mean over its tags of
+    CE(tag head, e_h) (the tag term is 0 for untagged records). ``num_tags`` is 0 exactly when ``tags`` is
+    ``None``.
+    """
 
     features: np.ndarray
     labels: np.ndarray
@@ -95,6 +102,9 @@ class TrainingRequest:
     hyperparameters: DPHyperparameters
     seed: int = 0
     device: str = "cpu"
+    tags: np.ndarray | None = None
+    num_tags: int = 0
+    tag_weight: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("num_classes", self.num_classes, low=2)
@@ -111,6 +121,25 @@ class TrainingRequest:
             )
         if self.features.shape[0] and (self.labels.min() < 0 or self.labels.max() >= self.num_classes):
             raise ValueError(f"labels must lie in [0, {self.num_classes - 1}]")
+        self._check_tags()
+
+    def _check_tags(self) -> None:
+        check_int("num_tags", self.num_tags, low=0)
+        check_real("tag_weight", self.tag_weight, low=0.0, low_open=True)
+        if self.tags is None:
+            if self.num_tags:
+                raise ValueError(f"num_tags must be 0 when no tags are given, got {self.num_tags}")
+            return
+        if self.num_tags < 2:
+            raise ValueError(f"num_tags must be >= 2 when tags are given, got {self.num_tags}")
+        n = self.features.shape[0]
+        if self.tags.ndim != 2 or self.tags.shape[0] != n or self.tags.shape[1] < 1 or self.tags.dtype != np.int64:
+            raise ValueError(
+                f"tags must be an int64 array of shape ({n}, H) with H >= 1, got shape {self.tags.shape} "
+                f"dtype {self.tags.dtype}"
+            )
+        if self.tags.size and (self.tags.min() < -1 or self.tags.max() >= self.num_tags):
+            raise ValueError(f"tags must lie in [0, {self.num_tags - 1}] or be -1 (no tag)")
 
     @property
     def num_records(self) -> int:
@@ -154,11 +183,15 @@ class PrivacyClaim:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class TrainedModel:
-    """What comes back: a black box and the claim. ``device`` is where training actually ran."""
+    """What comes back: a black box and the claim. ``device`` is where training actually ran.
+
+    ``predict_tag_log_proba`` is the tag head's black box ((n, num_tags) float64 log-probabilities) of a
+    multi-task request, ``None`` otherwise."""
 
     predict_log_proba: Callable[[np.ndarray], np.ndarray]
     claim: PrivacyClaim
     device: str
+    predict_tag_log_proba: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

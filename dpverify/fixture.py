@@ -99,6 +99,14 @@ class DPAudit:
                 "its level by the declared count, so declare more with @pytest.mark.dp_audit(audits=N)"
             )
         config = self.config(**settings) if config is None else config.with_overrides(**settings)
+        if config.is_data_dependent:
+            from dpverify.datasets import data_unavailable_reason
+
+            reason = data_unavailable_reason(config.data.dataset)
+            if reason:
+                import pytest
+
+                pytest.skip(reason)
         result = execute_audit(self._session, self._node, implementation, config, key=f"{self._node.nodeid}#{self.calls}")
         if result.verdict == "violation":
             self.violations += 1

@@ -28,6 +28,9 @@ class AuditResult:
     - ``error`` when training, the black box or the claim failed (``error`` says why): never a pass;
     - ``pass`` otherwise. A pass is not a proof of privacy: ε_L is a lower bound.
 
+    ``test_accuracy`` (data-dependent designs only) is the main head's accuracy on the held-out split: the
+    utility the audit left the model with (the paper's Case II trade-off).
+
     ``confidence`` is this audit's own level after the session has divided its level among its audits.
     ``fdp_epsilon_lower_bound`` (Mahloujifar, Melis & Chaudhuri 2024, at the chosen guess count) is reported
     beside it and never decides the verdict: it refutes μ-Gaussian DP, a stronger claim than the (ε, δ)
@@ -58,6 +61,7 @@ class AuditResult:
     seconds: float
     auditor_seconds: float = 0.0
     error: str | None = None
+    test_accuracy: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
     scores: np.ndarray | None = field(default=None, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
@@ -90,6 +94,7 @@ class AuditResult:
             "seconds": round(self.seconds, 3),
             "auditor_seconds": round(self.auditor_seconds, 3),
             "error": self.error,
+            "test_accuracy": _json_float(self.test_accuracy),
             "config": self.config,
             "bound_by_guesses": [list(row) for row in self.bound_by_guesses],
         }
@@ -107,6 +112,8 @@ class AuditResult:
             f"({self.correct} of {self.guesses} guesses correct on m = {self.m} canaries, {self.estimator} bound); "
             f"the most this audit could show is ε_O = {self.optimal_epsilon:.4g}."
         )
+        if self.test_accuracy is not None:
+            head += f" Test accuracy of the audited model: {self.test_accuracy:.2%}."
         if self.verdict == "violation":
             return head + (
                 " The run leaks more than its claim allows: check that every step clips each example's "

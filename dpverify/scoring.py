@@ -35,10 +35,15 @@ def _checked_log_probs(log_probs: np.ndarray, n: int) -> np.ndarray:
 
 
 def self_comparison_scores(log_probs: np.ndarray, labels: np.ndarray, comparison_labels: np.ndarray) -> np.ndarray:
-    """``log p(label) − log p(comparison label)`` per row; > 0 where the model prefers the trained label."""
-    rows = np.arange(labels.shape[0])
+    """``log p(label) − log p(comparison label)`` per row; > 0 where the model prefers the trained label.
+
+    With (m, H) labels (UniAud++'s multi-bit tags) the score sums the H comparisons of a row."""
     log_probs = _checked_log_probs(log_probs, labels.shape[0])
-    return log_probs[rows, labels] - log_probs[rows, comparison_labels]
+    if labels.ndim == 1:
+        rows = np.arange(labels.shape[0])
+        return log_probs[rows, labels] - log_probs[rows, comparison_labels]
+    picked = np.take_along_axis(log_probs, labels, axis=1) - np.take_along_axis(log_probs, comparison_labels, axis=1)
+    return picked.sum(axis=1)
 
 
 def mean_comparison_scores(log_probs: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from dpverify._validation import check_int, check_real
 from dpverify.canaries import CANARY_MODES, CanaryConfig
-from dpverify.config import AuditConfig, profile_config
+from dpverify.config import DESIGNS, AuditConfig, profile_config
 from dpverify.contract import DPHyperparameters, MLPArchitecture
+from dpverify.multitask import DataAuditConfig
 
 #: No deadline (an example trains a model), few examples, derandomized where ``CI`` is set.
 audit_settings = settings(
@@ -105,6 +106,40 @@ def dp_hyperparameters(
     )
 
 
+def data_audit_configs(
+    *,
+    min_m: int = 50,
+    max_m: int = 500,
+    min_tags: int = 10,
+    max_tags: int = 100,
+    max_tags_per_record: int = 4,
+    trigger_modes: tuple[str, ...] = CANARY_MODES,
+) -> st.SearchStrategy[DataAuditConfig]:
+    """Data-dependent audit parts (UniAud++ and baselines) on digits; the trigger dimension is m, so
+    orthogonal triggers stay orthogonal, and H ≤ min(max_tags_per_record, |E|)."""
+    check_int("min_m", min_m, low=1)
+    check_int("min_tags", min_tags, low=2)
+    check_int("max_tags_per_record", max_tags_per_record, low=1)
+    _bounds("m", min_m, max_m)
+    _bounds("tags", min_tags, max_tags)
+    unknown = set(trigger_modes) - set(CANARY_MODES)
+    if not trigger_modes or unknown:
+        raise ValueError(f"trigger_modes must be a non-empty subset of {CANARY_MODES}, got {trigger_modes!r}")
+
+    @st.composite
+    def build(draw) -> DataAuditConfig:
+        m, num_tags = draw(st.integers(min_m, max_m)), draw(st.integers(min_tags, max_tags))
+        return DataAuditConfig(
+            m=m,
+            trigger_dimension=m,
+            trigger_mode=draw(st.sampled_from(trigger_modes)),
+            num_tags=num_tags,
+            tags_per_record=draw(st.integers(1, min(max_tags_per_record, num_tags))),
+        )
+
+    return build()
+
+
 def audit_configs(
     *,
     profile: str = "quick",
@@ -113,10 +148,15 @@ def audit_configs(
     min_hidden_width: int = 100,
     max_hidden_width: int = 1000,
     designs: tuple[str, ...] = ("inclusion", "pair"),
+    data: st.SearchStrategy[DataAuditConfig] | None = None,
 ) -> st.SearchStrategy[AuditConfig]:
-    """Whole audit configurations: the profile's guess rule, generated canaries, model and training."""
+    """Whole audit configurations: the profile's guess rule, generated canaries, model and training, and
+    for the data-dependent designs (``multitask``, ``in_distribution``, ``mislabeled``) the ``data`` part."""
     check_int("min_hidden_width", min_hidden_width, low=1)
     _bounds("hidden_width", min_hidden_width, max_hidden_width)
+    unknown = set(designs) - set(DESIGNS)
+    if not designs or unknown:
+        raise ValueError(f"designs must be a non-empty subset of {DESIGNS}, got {designs!r}")
     base = profile_config(profile)
     return st.builds(
         AuditConfig,
@@ -125,4 +165,5 @@ def audit_configs(
         hyperparameters=hyperparameters if hyperparameters is not None else dp_hyperparameters(),
         design=st.sampled_from(designs),
         guess_rule=st.just(base.guess_rule),
+        data=data if data is not None else st.just(base.data),
     )

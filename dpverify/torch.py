@@ -4,10 +4,13 @@ Everything a torch DP-SGD implementation needs to honour the contract the same w
 
 - :func:`seeds_for` / :func:`seed_everything`: one request seed decides model init, sampling and noise;
 - :func:`resolve_device`: ``"cuda"`` when asked for and available, else ``"cpu"`` (report the result);
-- :func:`build_mlp`: the designated ``d -> hidden_width -> C`` ReLU network, seeded default init;
+- :func:`build_mlp`: the designated ``d -> hidden_width -> C`` ReLU network, seeded default init (with a
+  separate tag head, :class:`MultiTaskMLP`, when the request carries tags);
+- :func:`as_tensors` and :func:`training_criterion`: the request's inputs, targets and loss;
 - :func:`poisson_batches`: exactly ``steps`` Poisson-sampled batches of record indices;
 - :func:`fast_math`: flush denormals to zero during training only;
-- :func:`make_predictor`: the black box ``predict_log_proba(features) -> (n, C) float64`` array.
+- :func:`make_predictor`: the black box ``predict_log_proba(features) -> (n, C) float64`` array;
+  :func:`black_boxes` both heads' black boxes as :class:`~dpverify.contract.TrainedModel` fields.
 
 Poisson sampling draws ``torch.rand(N, generator=g) < q`` per step from a CPU generator, the same rule
 Opacus' ``UniformWithReplacementSampler`` uses, so two implementations seeded alike sample alike.
@@ -34,8 +37,12 @@ __all__ = [
     "fast_math",
     "denormals_flushed",
     "build_mlp",
+    "MultiTaskMLP",
+    "MultiTaskLoss",
+    "training_criterion",
     "poisson_batches",
     "make_predictor",
+    "black_boxes",
     "as_tensors",
 ]
 
@@ -148,31 +155,91 @@ def _gomp_parallel():
     return _GOMP_PARALLEL
 
 
+class MultiTaskMLP(nn.Module):
+    """UniAud++'s model: a shared encoder ``Linear(d, h), ReLU``, the main head ``Linear(h, C)`` and a
+    separate tag head ``Linear(h, |E|)``. ``forward`` returns ``[main logits | tag logits]`` as one
+    (n, C + |E|) tensor, so a DP library sees one output and clips each record's whole gradient."""
+
+    def __init__(self, dimension: int, hidden_width: int, num_classes: int, num_tags: int) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(dimension, hidden_width), nn.ReLU())
+        self.main_head = nn.Linear(hidden_width, num_classes)
+        self.tag_head = nn.Linear(hidden_width, num_tags)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(features)
+        return torch.cat([self.main_head(hidden), self.tag_head(hidden)], dim=-1)
+
+
+class MultiTaskLoss(nn.Module):
+    """Per record ``CE(main, y) + tag_weight · mean_h CE(tag head, e_h)`` over the tags the record carries
+    (targets ``(n, 1 + H)``: the label, then H tags, −1 = no tag; 0 tag loss for an untagged record).
+
+    ``reduction`` ("mean", "sum" or "none") is an attribute because Opacus' ghost clipping sets
+    ``criterion.reduction = "none"`` to get one loss per record."""
+
+    def __init__(self, *, num_classes: int, tag_weight: float, reduction: str = "mean") -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.tag_weight = tag_weight
+        self.reduction = reduction
+
+    def forward(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        main, tag_logits = outputs[..., : self.num_classes], outputs[..., self.num_classes :]
+        main_loss = nn.functional.cross_entropy(main, targets[..., 0], reduction="none")
+        tags = targets[..., 1:]
+        carried = tags >= 0
+        tag_log_probs = torch.log_softmax(tag_logits, dim=-1)
+        picked = tag_log_probs.gather(-1, tags.clamp(min=0))  # (n, H); masked below where no tag
+        per_tag = -(picked * carried)
+        tag_loss = per_tag.sum(dim=-1) / carried.sum(dim=-1).clamp(min=1)
+        losses = main_loss + self.tag_weight * tag_loss
+        if self.reduction == "none":
+            return losses
+        if self.reduction == "sum":
+            return losses.sum()
+        return losses.mean()
+
+
 def build_mlp(
     request: TrainingRequest, *, seed: int | None = None, device: torch.device | str = "cpu"
-) -> nn.Sequential:
+) -> nn.Module:
     """The designated model ``d -> hidden_width -> C`` with one ReLU and torch's default (Kaiming-uniform)
     init, drawn from a generator seeded with ``seed`` (default: the request's init seed).
 
-    Layers are ``Linear, ReLU, Linear`` in an ``nn.Sequential``; parameters in order W1, b1, W2, b2."""
+    Without tags: ``Linear, ReLU, Linear`` in an ``nn.Sequential``; parameters in order W1, b1, W2, b2.
+    With tags: a :class:`MultiTaskMLP` (encoder, main head, tag head, initialised in that order)."""
     if seed is None:
         seed = seeds_for(request.seed).init
     # nn.Linear initialises from the global generator: fork it so the caller's RNG state is left alone.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = nn.Sequential(
-            nn.Linear(request.dimension, request.architecture.hidden_width),
-            nn.ReLU(),
-            nn.Linear(request.architecture.hidden_width, request.num_classes),
-        )
+        if request.num_tags:
+            model: nn.Module = MultiTaskMLP(
+                request.dimension, request.architecture.hidden_width, request.num_classes, request.num_tags
+            )
+        else:
+            model = nn.Sequential(
+                nn.Linear(request.dimension, request.architecture.hidden_width),
+                nn.ReLU(),
+                nn.Linear(request.architecture.hidden_width, request.num_classes),
+            )
     return model.to(device)
 
 
+def training_criterion(request: TrainingRequest, *, reduction: str = "mean") -> nn.Module:
+    """The loss the request designates: cross-entropy, or :class:`MultiTaskLoss` when it carries tags."""
+    if request.num_tags:
+        return MultiTaskLoss(num_classes=request.num_classes, tag_weight=request.tag_weight, reduction=reduction)
+    return nn.CrossEntropyLoss(reduction=reduction)
+
+
 def as_tensors(request: TrainingRequest, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """The request's canaries as ``(float32 features, int64 labels)`` tensors on ``device``."""
+    """The request's records as ``(float32 features, int64 targets)`` tensors on ``device``: the labels,
+    or with tags the packed ``(n, 1 + H)`` targets ``[label | tags]`` that :class:`MultiTaskLoss` reads."""
     features = torch.from_numpy(np.ascontiguousarray(request.features)).to(device)
-    labels = torch.from_numpy(np.ascontiguousarray(request.labels)).to(device)
-    return features, labels
+    targets = request.labels if request.tags is None else np.column_stack([request.labels, request.tags])
+    return features, torch.from_numpy(np.ascontiguousarray(targets)).to(device)
 
 
 def poisson_batches(num_records: int, sampling_rate: float, steps: int, *, seed: int) -> Iterator[torch.Tensor]:
@@ -191,13 +258,14 @@ def poisson_batches(num_records: int, sampling_rate: float, steps: int, *, seed:
 
 
 def make_predictor(
-    model: nn.Module, device: torch.device | str = "cpu", *, batch_size: int = 4096
+    model: nn.Module, device: torch.device | str = "cpu", *, batch_size: int = 4096, columns: slice = slice(None)
 ) -> Callable[[np.ndarray], np.ndarray]:
     """Wrap a trained classifier as the black box: ``features (n, d) -> log-probabilities (n, C)``.
 
-    Runs in eval mode without gradients, in batches of ``batch_size`` rows; log-softmax is taken in float64
-    so that differences of log-probabilities near 0 keep their precision. NaN/inf parameters give NaN/inf
-    outputs: they are returned as they are, for the auditor to report."""
+    Runs in eval mode without gradients, in batches of ``batch_size`` rows; log-softmax over the output
+    ``columns`` (one head of a :class:`MultiTaskMLP`) is taken in float64 so that differences of
+    log-probabilities near 0 keep their precision. NaN/inf parameters give NaN/inf outputs: they are
+    returned as they are, for the auditor to report."""
     device = torch.device(device)
 
     def predict_log_proba(features: np.ndarray) -> np.ndarray:
@@ -209,22 +277,23 @@ def make_predictor(
         try:
             outputs = []
             with torch.no_grad():
-                for start in range(0, features.shape[0], batch_size):
+                for start in range(0, max(features.shape[0], 1), batch_size):
                     chunk = torch.as_tensor(features[start : start + batch_size], dtype=torch.float32, device=device)
-                    logits = model(chunk)
+                    logits = model(chunk)[:, columns]
                     outputs.append(torch.log_softmax(logits.double(), dim=1).cpu().numpy())
         finally:
             model.train(was_training)
-        if not outputs:
-            out_features = _out_features(model)
-            return np.zeros((0, out_features), dtype=np.float64)
         return np.concatenate(outputs, axis=0)
 
     return predict_log_proba
 
 
-def _out_features(model: nn.Module) -> int:
-    last = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not last:
-        raise ValueError("cannot tell the number of classes of a model without nn.Linear layers")
-    return int(last[-1].out_features)
+def black_boxes(model: nn.Module, request: TrainingRequest, device: torch.device | str = "cpu") -> dict[str, Callable]:
+    """``predict_log_proba`` (the main head) and ``predict_tag_log_proba`` (the tag head, ``None``
+    without tags) of a model from :func:`build_mlp`, as keyword arguments of ``TrainedModel``."""
+    if not request.num_tags:
+        return {"predict_log_proba": make_predictor(model, device), "predict_tag_log_proba": None}
+    return {
+        "predict_log_proba": make_predictor(model, device, columns=slice(0, request.num_classes)),
+        "predict_tag_log_proba": make_predictor(model, device, columns=slice(request.num_classes, None)),
+    }

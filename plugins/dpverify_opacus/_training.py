@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest
-from dpverify.torch import as_tensors, build_mlp, fast_math, make_predictor, resolve_device, seeds_for
+from dpverify.torch import as_tensors, black_boxes, build_mlp, fast_math, resolve_device, seeds_for, training_criterion
 
 RDP_NAME = "opacus.rdp"
 PRV_NAME = "opacus.prv"
@@ -40,7 +40,7 @@ class OpacusRun:
     grad_sample_mode: str
     module: nn.Module  # the GradSampleModule that make_private returned
     optimizer: Any  # the DPOptimizer (or DPOptimizerFastGradientClipping) that make_private returned
-    criterion: Any  # DPLossFastGradientClipping in ghost mode, nn.CrossEntropyLoss in hooks mode
+    criterion: Any  # DPLossFastGradientClipping in ghost mode, the request's criterion in hooks mode
     data_loader: DataLoader
     engine: PrivacyEngine
     device: torch.device
@@ -73,10 +73,10 @@ class Tweak:
     def apply(self, run: OpacusRun) -> None:
         """Change what ``make_private`` returned (called once, before training)."""
 
-    def loss(self, run: OpacusRun, features: torch.Tensor, labels: torch.Tensor):
+    def loss(self, run: OpacusRun, features: torch.Tensor, targets: torch.Tensor):
         """The loss whose ``backward()`` fills what the DP optimizer needs for a non-empty batch, or
         ``None`` when the batch holds no usable rows (the step then adds noise only)."""
-        return run.criterion(run.module(features), labels)
+        return run.criterion(run.module(features), targets)
 
 
 def mix_into(obj: Any, mutation: Callable[[type], type], **attributes: Any) -> Any:
@@ -159,7 +159,7 @@ def build_run(
         made = engine.make_private(
             module=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=hp.learning_rate),
-            criterion=nn.CrossEntropyLoss(),
+            criterion=training_criterion(request),
             data_loader=loader,
             noise_multiplier=sigma,
             max_grad_norm=hp.max_grad_norm,
@@ -171,7 +171,7 @@ def build_run(
         module, optimizer, criterion, dp_loader = made
     else:
         module, optimizer, dp_loader = made
-        criterion = nn.CrossEntropyLoss()
+        criterion = training_criterion(request)
     run = OpacusRun(
         request=request,
         name=name,
@@ -189,16 +189,16 @@ def build_run(
     return run
 
 
-def backward_batch(run: OpacusRun, features: torch.Tensor, labels: torch.Tensor) -> None:
+def backward_batch(run: OpacusRun, features: torch.Tensor, targets: torch.Tensor) -> None:
     """Zero the gradients and fill what ``run.optimizer.step()`` needs for this batch.
 
     A Poisson batch can be empty. Opacus' mean-reduced loss is NaN on an empty batch and poisons the
     model, so an empty batch gets zero gradients instead (ghost mode: ``p.grad``; hooks mode: an empty
     ``p.grad_sample``) and Opacus' own step then adds the noise and counts the step, as DP-SGD does."""
-    features, labels = features.to(run.device), labels.to(run.device)
+    features, targets = features.to(run.device), targets.to(run.device)
     run.batch_size = int(features.shape[0])
     run.optimizer.zero_grad()
-    loss = run.tweak.loss(run, features, labels) if run.batch_size else None
+    loss = run.tweak.loss(run, features, targets) if run.batch_size else None
     if loss is not None:
         loss.backward()
         return
@@ -212,7 +212,8 @@ def backward_batch(run: OpacusRun, features: torch.Tensor, labels: torch.Tensor)
 def train_opacus(
     request: TrainingRequest, *, name: str, grad_sample_mode: str = "ghost", tweak: Tweak | None = None
 ) -> TrainedModel:
-    """Train the designated MLP with Opacus' ``PrivacyEngine`` and return the black box and its claim."""
+    """Train the designated MLP (with its tag head when the request carries tags) with Opacus'
+    ``PrivacyEngine`` and return the black boxes and the claim."""
     run = build_run(request, name=name, grad_sample_mode=grad_sample_mode, tweak=tweak)
     steps = request.hyperparameters.steps
     taken = 0
@@ -221,8 +222,8 @@ def train_opacus(
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         # Exactly `steps` steps: Opacus' sampler yields int(1/sample_rate) batches per pass, which is
         # one short of 1/q for some q (e.g. 1/93), so passes are chained rather than counted.
-        for features, labels in itertools.islice(_epochs(run.data_loader), steps):
-            backward_batch(run, features, labels)
+        for features, targets in itertools.islice(_epochs(run.data_loader), steps):
+            backward_batch(run, features, targets)
             run.optimizer.step()
             taken += 1
     if taken != steps:
@@ -232,9 +233,7 @@ def train_opacus(
         run.engine.accountant, request.hyperparameters.delta, relation=run.tweak.relation, name=name
     )
     trained = getattr(run.module, "_module", run.module)  # the user's nn.Module inside the GradSampleModule
-    return TrainedModel(
-        predict_log_proba=make_predictor(trained, device=run.device), claim=claim, device=run.device.type
-    )
+    return TrainedModel(**black_boxes(trained, request, run.device), claim=claim, device=run.device.type)
 
 
 def claim_from_accountant(accountant, delta: float, *, relation: str = "add_remove", name: str) -> PrivacyClaim:

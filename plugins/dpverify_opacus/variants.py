@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from dpverify.torch import MultiTaskMLP
 from dpverify_opacus._training import OpacusRun, Tweak, mix_into
 
 # ---------------------------------------------------------------------------------------------------
@@ -158,12 +159,17 @@ class BatchClipping(Tweak):
 
 
 class UnnoisedLayer(Tweak):
-    """Row 5: the output layer (the last ``nn.Linear``: weight and bias) gets no noise."""
+    """Row 5: the output layer (the last ``nn.Linear``: weight and bias; both heads of a multi-task
+    model) gets no noise."""
 
     def apply(self, run: OpacusRun) -> None:
         inner = getattr(run.module, "_module", run.module)
-        last = [m for m in inner.modules() if isinstance(m, nn.Linear)][-1]
-        mix_into(run.optimizer, unnoised_parameters, dpverify_unnoised=tuple(last.parameters()))
+        if isinstance(inner, MultiTaskMLP):
+            outputs = (inner.main_head, inner.tag_head)
+        else:
+            outputs = ([m for m in inner.modules() if isinstance(m, nn.Linear)][-1],)
+        unnoised = tuple(p for layer in outputs for p in layer.parameters())
+        mix_into(run.optimizer, unnoised_parameters, dpverify_unnoised=unnoised)
 
 
 class DuplicatedRows(Tweak):
@@ -261,13 +267,13 @@ class Microbatches(Tweak):
     def apply(self, run: OpacusRun) -> None:
         run.optimizer.expected_batch_size = run.optimizer.expected_batch_size / self.size
 
-    def loss(self, run: OpacusRun, features: torch.Tensor, labels: torch.Tensor):
+    def loss(self, run: OpacusRun, features: torch.Tensor, targets: torch.Tensor):
         usable = features.shape[0] // self.size * self.size
         if usable == 0:
             return None
         grouped = features[:usable].reshape(usable // self.size, self.size, features.shape[1])
         logits = run.module(grouped)
-        return run.criterion(logits.reshape(usable, -1), labels[:usable], shape=logits.shape)
+        return run.criterion(logits.reshape(usable, -1), targets[:usable], shape=logits.shape)
 
 
 class ReusedNoise(Tweak):

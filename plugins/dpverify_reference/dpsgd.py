@@ -11,9 +11,10 @@ from torch import nn
 from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.torch import (
     as_tensors,
+    black_boxes,
     build_mlp,
     fast_math,
-    make_predictor,
+    training_criterion,
     poisson_batches,
     resolve_device,
     seeds_for,
@@ -21,31 +22,45 @@ from dpverify.torch import (
 from dpverify_reference import accounting
 
 
-def clipped_gradient_sum(model: nn.Sequential, features: torch.Tensor, labels: torch.Tensor, max_grad_norm: float):
+def clipped_gradient_sum(
+    model: nn.Module,
+    features: torch.Tensor,
+    targets: torch.Tensor,
+    max_grad_norm: float,
+    *,
+    criterion: nn.Module | None = None,
+):
     """Sum over the batch of per-example gradients, each clipped to ``max_grad_norm`` by its global norm.
 
     Returns ``(clipped_sum, per_example_norms)``; ``clipped_sum`` is a list aligned with
-    ``model.parameters()``. Works for an ``nn.Sequential`` of ``nn.Linear`` and parameter-free layers on
-    2-D inputs. Per-example norms use the ghost-norm identity: for a linear layer with input a_i and
-    output gradient g_i, the weight's per-example gradient is g_i a_iᵀ with ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖², and
-    the bias's is g_i. The clipped sum is the gradient of Σ_i w_i ℓ_i with w_i = min(1, C/‖grad_i‖) held fixed.
+    ``model.parameters()``. ``criterion`` (reduction "none"; default cross-entropy) gives one loss per
+    example. Works for models whose parameters all sit in ``nn.Linear`` layers, each applied once to 2-D
+    inputs (the designated MLP, with or without its tag head). Per-example norms use the ghost-norm
+    identity: for a linear layer with input a_i and output gradient g_i, the weight's per-example gradient
+    is g_i a_iᵀ with ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖², and the bias's is g_i. The clipped sum is the gradient of
+    Σ_i w_i ℓ_i with w_i = min(1, C/‖grad_i‖) held fixed.
     """
     params = list(model.parameters())
     if features.shape[0] == 0:
         return [torch.zeros_like(p) for p in params], features.new_zeros(0)
+    for module in model.modules():
+        if not isinstance(module, nn.Linear) and any(True for _ in module.parameters(recurse=False)):
+            raise TypeError(f"the reference DP-SGD supports nn.Linear and parameter-free layers, got {module}")
     layer_inputs, layer_outputs, linears = [], [], []
-    hidden = features
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            linears.append(layer)
-            layer_inputs.append(hidden)
-            hidden = layer(hidden)
-            layer_outputs.append(hidden)
-        elif any(True for _ in layer.parameters()):
-            raise TypeError(f"the reference DP-SGD supports nn.Linear and parameter-free layers, got {layer}")
-        else:
-            hidden = layer(hidden)
-    losses = F.cross_entropy(hidden, labels, reduction="none")
+
+    def record(layer, inputs, output):
+        linears.append(layer)
+        layer_inputs.append(inputs[0])
+        layer_outputs.append(output)
+
+    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        outputs = model(features)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    criterion = criterion if criterion is not None else nn.CrossEntropyLoss(reduction="none")
+    losses = criterion(outputs, targets)
 
     # ℓ_i depends on example i's activations only, so the gradient of Σ ℓ_i with respect to a layer's
     # output holds every example's own output gradient g_i in its row i.
@@ -64,20 +79,21 @@ def clipped_gradient_sum(model: nn.Sequential, features: torch.Tensor, labels: t
 
 
 def dp_sgd_step(
-    model: nn.Sequential,
+    model: nn.Module,
     features: torch.Tensor,
-    labels: torch.Tensor,
+    targets: torch.Tensor,
     *,
     max_grad_norm: float,
     noise_multiplier: float,
     expected_batch_size: float,
     learning_rate: float,
     generator: torch.Generator,
+    criterion: nn.Module | None = None,
 ) -> None:
     """One DP-SGD step on the sampled batch: clip rows, sum, add N(0, σ²C²) per coordinate, divide by
     the expected batch size, SGD update. The noise is drawn parameter by parameter in
     ``model.parameters()`` order (nothing is drawn when σ = 0)."""
-    clipped_sum, _ = clipped_gradient_sum(model, features, labels, max_grad_norm)
+    clipped_sum, _ = clipped_gradient_sum(model, features, targets, max_grad_norm, criterion=criterion)
     std = noise_multiplier * max_grad_norm
     with torch.no_grad():
         for param, grad in zip(model.parameters(), clipped_sum):
@@ -97,7 +113,8 @@ def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") 
     device = resolve_device(request.device)
     seeds = seeds_for(request.seed)
     model = build_mlp(request, seed=seeds.init, device=device)
-    features, labels = as_tensors(request, device)
+    features, targets = as_tensors(request, device)
+    criterion = training_criterion(request, reduction="none")
     noise_generator = torch.Generator(device=device).manual_seed(seeds.noise)
     expected_batch_size = hp.sampling_rate * request.num_records
 
@@ -108,12 +125,13 @@ def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") 
             dp_sgd_step(
                 model,
                 features[batch],
-                labels[batch],
+                targets[batch],
                 max_grad_norm=hp.max_grad_norm,
                 noise_multiplier=sigma,
                 expected_batch_size=expected_batch_size,
                 learning_rate=hp.learning_rate,
                 generator=noise_generator,
+                criterion=criterion,
             )
             taken += 1
     if taken != steps:  # pragma: no cover - poisson_batches yields exactly `steps`
@@ -133,4 +151,4 @@ def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") 
         relation="add_remove",
         other_epsilons=other,
     )
-    return TrainedModel(predict_log_proba=make_predictor(model, device), claim=claim, device=device.type)
+    return TrainedModel(**black_boxes(model, request, device), claim=claim, device=device.type)
