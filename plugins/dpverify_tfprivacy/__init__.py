@@ -3,6 +3,8 @@
 ``tf-privacy-keras`` trains the designated MLP with ``tensorflow_privacy.DPKerasSGDOptimizer`` (one example
 per microbatch, per-example losses, Poisson-sampled batches, plain SGD) and claims the ε that TF-Privacy's
 own dp_accounting path states (``compute_dp_sgd_privacy``; calibration with its ``compute_noise``).
+A request with tags (UniAud++) trains the same way with a separate tag head and returns both heads' black
+boxes.
 The variants (rows 1-3 of ``bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
 
 This module does not import tensorflow: listing implementations works without it. Training imports
@@ -28,7 +30,9 @@ _NOTES = (
     "TF-Privacy's real behaviour and is kept. An empty Poisson batch (probability (1-q)^N) skips the "
     "update, because the optimizer cannot take a batch of size 0. Claim: add/remove ε from "
     "tensorflow_privacy.compute_dp_sgd_privacy (RDP); microbatches of one example need no doubling of "
-    "the sensitivity."
+    "the sensitivity. Multi-task requests (UniAud++): a separate tag head on the shared encoder, one "
+    "output [main | tags] and one loss per record, so each record's whole gradient (tag head included) "
+    "is clipped."
 )
 
 
@@ -58,7 +62,12 @@ class TFPrivacyKeras(Implementation):
             run = _keras.train_mlp(request, self.step, sigma)
         except FloatingPointError as exc:
             raise RuntimeError(f"{self.info.name}: {exc}") from exc
-        return TrainedModel(predict_log_proba=run.predict_log_proba, claim=claim, device=run.device)
+        return TrainedModel(
+            predict_log_proba=run.predict_log_proba,
+            predict_tag_log_proba=run.predict_tag_log_proba,
+            claim=claim,
+            device=run.device,
+        )
 
 
 def _variant(name: str, step: str, bug: int, breaks: str, how: str) -> TFPrivacyKeras:

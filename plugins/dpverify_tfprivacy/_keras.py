@@ -8,6 +8,11 @@ query's Gaussian noise once, and divides the noisy sum by the number of microbat
 (see :data:`DP_STEPS` and :func:`make_dp_optimizer`); the loop, the model, the sampler and the seeds are
 the same for all of them.
 
+A multi-task request (UniAud++, its ``tags``) gets a separate tag head on the shared encoder; the model's
+one output is ``[main logits | tag logits]`` and :func:`multitask_loss` gives one loss per record, so the
+DP optimizer still takes each record's Jacobian row over every variable, the tag head's included, and
+clips that whole row.
+
 Of the Keras DP optimizers this one is the fastest on the 2-core CPU for the audit-sized MLP
 (1000 -> 1000 -> 100, q = 0.1, B ≈ 100): about 250 ms a step, against about 300 ms for
 ``VectorizedDPKerasSGDOptimizer``; ``jit_compile=True`` is 3-4x slower because every new batch size
@@ -16,6 +21,8 @@ recompiles.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -46,6 +53,9 @@ __all__ = [
     "NoiseForMeanDPSGDOptimizer",
     "make_dp_optimizer",
     "build_mlp",
+    "multitask_loss",
+    "per_example_loss",
+    "training_targets",
     "KerasRun",
     "train_mlp",
 ]
@@ -98,25 +108,71 @@ def make_dp_optimizer(
     raise ValueError(f"unknown DP step {step!r}; expected one of {', '.join(DP_STEPS)}")
 
 
-def build_mlp(dimension: int, hidden_width: int, num_classes: int) -> tf.keras.Model:
-    """The designated ``d -> h -> C`` ReLU MLP with Keras' default (seeded) initialisation; outputs logits."""
+@contextlib.contextmanager
+def _quiet_initialiser_seeding():
+    """Silence the deprecation warning Keras' seeded initialisers raise on every layer built."""
     with warnings.catch_warnings():
         # Keras 2.15 seeds its initialisers with random.randint(1, 1e9), which Python 3.10+ deprecates.
         warnings.filterwarnings("ignore", "non-integer arguments to randrange", DeprecationWarning)
-        return tf.keras.Sequential(
-            [
-                tf.keras.Input(shape=(dimension,), dtype=tf.float32),
-                tf.keras.layers.Dense(hidden_width, activation="relu"),
-                tf.keras.layers.Dense(num_classes),
-            ]
-        )
+        yield
+
+
+def build_mlp(request: TrainingRequest) -> tf.keras.Model:
+    """The designated ``d -> h -> C`` ReLU MLP with Keras' default (seeded) initialisation; outputs logits.
+
+    With tags: the shared encoder ``Dense(h, relu)``, the main head ``Dense(C)`` and a separate tag head
+    ``Dense(|E|)`` (initialised in that order, as :class:`dpverify.torch.MultiTaskMLP`), concatenated into
+    one ``(n, C + |E|)`` output."""
+    width = request.architecture.hidden_width
+    with _quiet_initialiser_seeding():
+        if not request.num_tags:
+            return tf.keras.Sequential(
+                [
+                    tf.keras.Input(shape=(request.dimension,), dtype=tf.float32),
+                    tf.keras.layers.Dense(width, activation="relu"),
+                    tf.keras.layers.Dense(request.num_classes),
+                ]
+            )
+        features = tf.keras.Input(shape=(request.dimension,), dtype=tf.float32)
+        hidden = tf.keras.layers.Dense(width, activation="relu", name="encoder")(features)
+        main = tf.keras.layers.Dense(request.num_classes, name="main_head")(hidden)
+        tags = tf.keras.layers.Dense(request.num_tags, name="tag_head")(hidden)
+        return tf.keras.Model(features, tf.keras.layers.Concatenate()([main, tags]))
+
+
+def multitask_loss(targets: tf.Tensor, logits: tf.Tensor, *, num_classes: int, tag_weight: float) -> tf.Tensor:
+    """One loss per record: ``CE(main, y) + tag_weight · mean_h CE(tag head, e_h)`` over the tags the
+    record carries (``targets`` (n, 1 + H): the label, then H tags, −1 = no tag; 0 tag loss without tags),
+    the formula of :class:`dpverify.torch.MultiTaskLoss`."""
+    main_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets[:, 0], logits=logits[:, :num_classes])
+    tags = targets[:, 1:]
+    carried = tf.cast(tags >= 0, logits.dtype)
+    tag_log_probs = tf.nn.log_softmax(logits[:, num_classes:], axis=-1)
+    picked = tf.gather(tag_log_probs, tf.maximum(tags, 0), batch_dims=1)  # (n, H); masked below where no tag
+    tag_loss = -tf.reduce_sum(picked * carried, axis=-1) / tf.maximum(tf.reduce_sum(carried, axis=-1), 1.0)
+    return main_loss + tag_weight * tag_loss
+
+
+def per_example_loss(request: TrainingRequest) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """The request's loss, one value per record (TF-Privacy needs reduction NONE, not the batch mean):
+    cross-entropy, or :func:`multitask_loss` when it carries tags."""
+    if request.num_tags:
+        return functools.partial(multitask_loss, num_classes=request.num_classes, tag_weight=request.tag_weight)
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+
+
+def training_targets(request: TrainingRequest) -> np.ndarray:
+    """The labels, or with tags the packed ``(n, 1 + H)`` targets ``[label | tags]`` of :func:`multitask_loss`."""
+    return request.labels if request.tags is None else np.column_stack([request.labels, request.tags])
 
 
 @dataclass(frozen=True, eq=False)
 class KerasRun:
-    """A finished run: the black box, where it ran, and what the input pipeline did (for white-box tests)."""
+    """A finished run: the black boxes (the tag head's is ``None`` without tags), where it ran, and what the
+    input pipeline did (for white-box tests)."""
 
     predict_log_proba: Callable[[np.ndarray], np.ndarray]
+    predict_tag_log_proba: Callable[[np.ndarray], np.ndarray] | None
     device: str
     batch_sizes: tuple[int, ...]
     optimizer_steps: int
@@ -148,26 +204,23 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
     tf.config.experimental.enable_op_determinism()
 
     with tf.device(device_name):
-        model = build_mlp(request.dimension, request.architecture.hidden_width, request.num_classes)
+        model = build_mlp(request)
         optimizer = make_dp_optimizer(
             step,
             l2_norm_clip=hp.max_grad_norm,
             noise_multiplier=noise_multiplier,
             learning_rate=hp.learning_rate,
         )
-        # TF-Privacy needs one loss per example (reduction NONE), not the batch mean.
-        per_example_loss = tf.keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction=tf.keras.losses.Reduction.NONE
-        )
+        loss_per_record = per_example_loss(request)
         features = tf.constant(request.features)
-        labels = tf.constant(request.labels)
+        targets = tf.constant(training_targets(request))
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
         def dp_sgd_step(indices):
             x = tf.gather(features, indices)
-            y = tf.gather(labels, indices)
+            y = tf.gather(targets, indices)
             with tf.GradientTape() as tape:
-                loss = per_example_loss(y, model(x, training=True))
+                loss = loss_per_record(y, model(x, training=True))
             optimizer.minimize(loss, model.trainable_variables, tape=tape)
 
         batch_sizes = []
@@ -180,7 +233,7 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
         if not np.all(np.isfinite(variable.numpy())):
             raise FloatingPointError(f"training diverged: {variable.name} has non-finite entries")
     return KerasRun(
-        predict_log_proba=_make_predictor(model, device_name, request.dimension),
+        **_black_boxes(model, device_name, request),
         device="cuda" if use_gpu else "cpu",
         batch_sizes=tuple(batch_sizes),
         optimizer_steps=int(optimizer.iterations.numpy()),
@@ -188,23 +241,34 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
     )
 
 
-def _make_predictor(model: tf.keras.Model, device_name: str, dimension: int, chunk: int = 4096):
+def _black_boxes(model: tf.keras.Model, device_name: str, request: TrainingRequest) -> dict[str, Callable | None]:
+    """``predict_log_proba`` (the main head's columns of the output) and ``predict_tag_log_proba`` (the tag
+    head's, ``None`` without tags), sharing one traced forward pass."""
+    dimension, chunk = request.dimension, 4096
+
     @tf.function(input_signature=[tf.TensorSpec([None, dimension], tf.float32)])
     def logits(x):
         return model(x, training=False)
 
-    num_classes = int(model.output_shape[-1])
+    def predictor(columns: slice, width: int) -> Callable[[np.ndarray], np.ndarray]:
+        def predict_log_proba(features: np.ndarray) -> np.ndarray:
+            """Log-probabilities (float64, shape (n, classes)) of one head of the trained model, in chunks."""
+            x = np.asarray(features, dtype=np.float32)
+            if x.ndim != 2 or x.shape[1] != dimension:
+                raise ValueError(f"features must have shape (n, {dimension}), got {x.shape}")
+            out = np.empty((x.shape[0], width), dtype=np.float64)
+            with tf.device(device_name):
+                for start in range(0, x.shape[0], chunk):
+                    block = logits(tf.constant(x[start : start + chunk])).numpy()[:, columns]
+                    out[start : start + chunk] = log_softmax(block.astype(np.float64), axis=1)
+            return out
 
-    def predict_log_proba(features: np.ndarray) -> np.ndarray:
-        """Per-class log-probabilities (float64, shape (n, C)) of the trained model, in chunks."""
-        x = np.asarray(features, dtype=np.float32)
-        if x.ndim != 2 or x.shape[1] != dimension:
-            raise ValueError(f"features must have shape (n, {dimension}), got {x.shape}")
-        out = np.empty((x.shape[0], num_classes), dtype=np.float64)
-        with tf.device(device_name):
-            for start in range(0, x.shape[0], chunk):
-                block = logits(tf.constant(x[start : start + chunk])).numpy()
-                out[start : start + chunk] = log_softmax(block.astype(np.float64), axis=1)
-        return out
+        return predict_log_proba
 
-    return predict_log_proba
+    classes = request.num_classes
+    if not request.num_tags:
+        return {"predict_log_proba": predictor(slice(None), classes), "predict_tag_log_proba": None}
+    return {
+        "predict_log_proba": predictor(slice(0, classes), classes),
+        "predict_tag_log_proba": predictor(slice(classes, None), request.num_tags),
+    }
