@@ -1,0 +1,125 @@
+"""Language-model audit benchmark: ε_L against the claimed ε, repeated-token canaries beside NewToken.
+
+    .venv/bin/python benchmarks/language.py --seeds 2
+
+Writes ``benchmarks/results/language.md`` (``language-cuda.md`` on a GPU) stating the device, the date
+and the command: for each canary mode, claimed ε and seed, one pair-design audit of ``opacus-lm`` under
+the quick :class:`~dpverify.language.LanguageAuditConfig`, with the claim in the pair design's relation
+(replace-one) and Opacus' own add/remove ε beside it; then seconds per audit in Opacus' two per-sample
+gradient modes. Numbers here are measurements, never test assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from audits import EPSILONS, _table, _write  # benchmarks/ is the script's directory
+
+from dpverify.audit import resolve_device
+from dpverify.language import LanguageAuditConfig, run_language_audit
+from dpverify_opacus._language import language_implementations
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def configured(base: LanguageAuditConfig, *, mode: str, epsilon: float, seed: int) -> LanguageAuditConfig:
+    private = {"target_epsilon": epsilon, "noise_multiplier": None}
+    hyper = private if epsilon != float("inf") else {"target_epsilon": None, "noise_multiplier": 0.0}
+    return dataclasses.replace(
+        base,
+        canaries=dataclasses.replace(base.canaries, mode=mode),
+        hyperparameters=dataclasses.replace(base.hyperparameters, **hyper),
+        seed=seed,
+    )
+
+
+def describe(config: LanguageAuditConfig) -> str:
+    c, a, h = config.canaries, config.architecture, config.hyperparameters
+    return (
+        f"m = {c.m} canaries of {c.prefix_length} + {c.suffix_length} tokens over {c.base_vocab_size} + "
+        f"{c.new_tokens} tokens; transformer {a.layers} block(s), width {a.width}, {a.heads} heads; "
+        f"q = {h.sampling_rate:g}, {h.steps} steps, lr {h.learning_rate:g}, clip {h.max_grad_norm:g}; pair design "
+        f"(replace-one), δ = {h.delta:g}, {config.confidence:.0%} confidence, guess grid of "
+        f"{len(config.guess_rule.counts(c.m))} counts with Bonferroni"
+    )
+
+
+def header(args: argparse.Namespace, config: LanguageAuditConfig) -> list[str]:
+    """Title, device, date, command and configuration (audits.py's header is tied to the MLP profiles)."""
+    if config.device == "cuda":
+        import torch
+
+        where = f"cuda ({torch.cuda.get_device_name()}, torch {torch.__version__})"
+    else:
+        where = f"cpu ({platform.machine()}, {os.cpu_count()} logical cores, shared with other jobs, no GPU)"
+    return [
+        "# Language-model audit: repeated-token canaries (UniAud) and NewToken (Panda et al. 2025)",
+        "",
+        f"- device: {where}",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- command: `{args.command}`",
+        f"- configuration: LanguageAuditConfig() quick default: {describe(config)}",
+        "",
+    ]
+
+
+def power(args: argparse.Namespace, base: LanguageAuditConfig) -> list[str]:
+    opacus_lm = language_implementations()[0]
+    rows = []
+    for mode in args.modes:
+        for epsilon in args.epsilons:
+            results = [run_language_audit(opacus_lm, configured(base, mode=mode, epsilon=epsilon, seed=s)) for s in range(args.seeds)]
+            for r in results:
+                if r.error:
+                    raise RuntimeError(r.error)
+            first = results[0]
+            rows.append((
+                mode, first.library_epsilon, first.claimed_epsilon,
+                " / ".join(f"{r.epsilon_lower_bound:.2f}" for r in results),
+                statistics.median(r.epsilon_lower_bound for r in results),
+                first.optimal_epsilon, " / ".join(r.verdict for r in results),
+                statistics.mean(r.seconds for r in results),
+            ))  # fmt: skip
+    columns = ("canaries", "Opacus ε (add/remove)", "claimed ε (replace-one)", "ε_L per seed", "median ε_L", "ε_O", "verdicts", "s / audit")
+    return ["## ε_L against claimed ε (opacus-lm, ghost clipping)", "", *_table(columns, rows)]
+
+
+def speed(args: argparse.Namespace, base: LanguageAuditConfig) -> list[str]:
+    """Seconds per audit of the same run in both modes (they train the same model, see the tests)."""
+    config = configured(base, mode="repeated", epsilon=2.0, seed=0)
+    rows = []
+    for mode in ("ghost", "hooks"):
+        implementation = language_implementations()[0]
+        implementation.grad_sample_mode = mode
+        result = run_language_audit(implementation, config)
+        rows.append((mode, config.hyperparameters.steps, result.seconds, result.epsilon_lower_bound))
+    return ["## Seconds per audit by Opacus grad_sample_mode (ε = 2, repeated)", "", *_table(("mode", "steps", "s / audit", "ε_L"), rows)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--results-dir", default=str(RESULTS))
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
+    parser.add_argument("--modes", nargs="+", choices=("repeated", "new_token"), default=["repeated", "new_token"])
+    args = parser.parse_args(argv)
+    args.command = "python benchmarks/language.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    base = LanguageAuditConfig(device=resolve_device(args.device))
+    started = time.perf_counter()
+    lines = header(args, base)
+    lines += power(args, base) + [""] + speed(args, base)
+    lines += ["", f"Total wall time: {time.perf_counter() - started:.0f} s."]
+    _write("language", lines, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Language-model canaries, the sequence contract and the audit's bookkeeping (no torch needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dpverify.contract import DPHyperparameters, ImplementationInfo, PrivacyClaim
+from dpverify.language import (
+    LanguageAuditConfig,
+    LanguageImplementation,
+    SequenceModel,
+    SequenceRequest,
+    TokenCanaryConfig,
+    TransformerArchitecture,
+    make_token_canaries,
+    run_language_audit,
+    suffix_log_likelihood,
+)
+
+MODES = ("repeated", "new_token")
+
+
+def canaries(mode: str, seed: int = 0, **overrides):
+    config = TokenCanaryConfig(m=300, prefix_length=3, suffix_length=5, base_vocab_size=50, new_tokens=40, mode=mode, **overrides)
+    return make_token_canaries(config, rng=np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_same_seed_same_canaries_other_seed_other_canaries(mode):
+    first, again, other = canaries(mode, 0), canaries(mode, 0), canaries(mode, 1)
+    for name in ("prefixes", "suffixes", "comparison_suffixes"):
+        assert np.array_equal(getattr(first, name), getattr(again, name))
+    assert not np.array_equal(first.suffixes, other.suffixes)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shapes_and_token_ranges(mode):
+    c = canaries(mode)
+    base, vocab = c.config.base_vocab_size, c.config.vocab_size
+    assert c.prefixes.shape == (300, 3) and c.suffixes.shape == c.comparison_suffixes.shape == (300, 5)
+    assert c.sequences(c.suffixes).shape == (300, 8) and c.sequences(c.suffixes).dtype == np.int64
+    for suffix in (c.suffixes, c.comparison_suffixes):  # suffixes are new tokens only
+        assert suffix.min() >= base and suffix.max() < vocab
+    if mode == "repeated":  # one new token repeated as prefix, another repeated as suffix
+        assert c.prefixes.min() >= base and c.prefixes.max() < vocab
+        for block in (c.prefixes, c.suffixes, c.comparison_suffixes):
+            assert (block == block[:, :1]).all()
+    else:  # random base-vocabulary prefix, one new token per suffix position
+        assert c.prefixes.min() >= 0 and c.prefixes.max() < base
+        assert not (c.suffixes == c.suffixes[:, :1]).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fresh_suffix_differs_from_the_trained_one_at_every_position(mode):
+    c = canaries(mode)
+    assert (c.comparison_suffixes != c.suffixes).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fresh_suffix_tokens_are_uniform_over_the_other_new_tokens(mode):
+    """Exchangeability of (trained, fresh) needs the shift fresh − trained (mod |V_new|) uniform on
+    1..|V_new|−1. A chi-square test at level 0.1 % on 300·(1 or 5) draws: fails a correct draw 1 time in 1000."""
+    from scipy import stats
+
+    c = canaries(mode)
+    new = c.config.new_tokens
+    shifts = ((c.comparison_suffixes - c.suffixes) % new)[:, 0 if mode == "repeated" else slice(None)].ravel()
+    observed = np.bincount(shifts, minlength=new)[1:]
+    assert stats.chisquare(observed).pvalue > 1e-3
+
+
+def test_loss_mask_covers_the_suffix_only():
+    c = canaries("repeated")
+    mask = c.loss_mask()
+    assert mask.shape == (300, 8) and mask.dtype == np.bool_
+    assert not mask[:, :3].any() and mask[:, 3:].all()
+
+
+def test_suffix_log_likelihood_sums_the_columns_that_predict_suffix_tokens():
+    # column t − 1 of the black box's output predicts token t; with prefix_length 2 the suffix is 2..4
+    log_probs = np.array([[-1.0, -2.0, -4.0, -8.0]])
+    assert suffix_log_likelihood(log_probs, prefix_length=2) == -14.0
+
+
+def request(**overrides):
+    fields = dict(
+        sequences=np.array([[1, 2, 3], [1, 4, 5]], dtype=np.int64),
+        loss_mask=np.array([[False, False, True], [False, True, True]]),
+        vocab_size=6,
+        hyperparameters=DPHyperparameters(noise_multiplier=1.0),
+    )
+    return SequenceRequest(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: TokenCanaryConfig(mode="random"), "mode must be one of 'repeated', 'new_token', got 'random'"),
+        (lambda: TokenCanaryConfig(new_tokens=1), "new_tokens must be >= 2, got 1"),
+        (lambda: TokenCanaryConfig(prefix_length=0), "prefix_length must be >= 1, got 0"),
+        (lambda: TransformerArchitecture(width=30, heads=4), "width must be a multiple of heads"),
+        (
+            lambda: LanguageAuditConfig(canaries=TokenCanaryConfig(prefix_length=20, suffix_length=20)),
+            "canaries of 40 tokens do not fit architecture.max_sequence_length = 32",
+        ),
+        (lambda: LanguageAuditConfig(confidence=1.5), "confidence must be in (0, 1), got 1.5"),
+        (lambda: request(sequences=np.array([[1, 2, 3], [1, 4, 6]])), "token ids must lie in [0, 5]"),
+        (lambda: request(sequences=np.zeros((2, 3), dtype=np.int32)), "sequences must be a 2-D int64 array"),
+        (lambda: request(loss_mask=np.ones((2, 3), dtype=bool)), "loss_mask must be False at position 0"),
+        (lambda: request(loss_mask=np.zeros((2, 3), dtype=bool)), "at least one target position in every sequence"),
+        (lambda: request(loss_mask=np.ones((2, 2), dtype=bool)), "loss_mask must be a bool array of shape (2, 3)"),
+        (lambda: request(sequences=np.zeros((2, 40), dtype=np.int64), loss_mask=np.ones((2, 40), dtype=bool)), "sequence length must be in [2, 32]"),
+    ],
+)
+def test_bad_input_is_refused_at_the_door(build, message):
+    with pytest.raises(ValueError) as raised:
+        build()
+    assert message in str(raised.value)
+
+
+class WrongShape(LanguageImplementation):
+    """Trains nothing and returns a black box of the wrong shape: the audit must end as ``error``."""
+
+    info = ImplementationInfo(name="wrong-shape", library="none", task="language")
+
+    def train(self, request: SequenceRequest) -> SequenceModel:
+        claim = PrivacyClaim(epsilon=1.0, delta=1e-5, accountant="none", noise_multiplier=1.0, sampling_rate=1.0, steps=1, relation="replace_one")
+        return SequenceModel(token_log_probs=lambda s: np.zeros((s.shape[0], 1)), claim=claim, device="cpu")
+
+
+def test_a_black_box_of_the_wrong_shape_is_an_error_not_a_pass():
+    config = LanguageAuditConfig(canaries=TokenCanaryConfig(m=10, new_tokens=10), device="cpu")
+    result = run_language_audit(WrongShape(), config)
+    assert result.verdict == "error" and "expected (20, 7)" in result.error
+    assert result.design == "pair" and result.relation == "replace_one"
+
+
+def test_config_is_frozen_and_serialisable():
+    config = LanguageAuditConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 1  # type: ignore[misc]
+    assert config.to_dict()["canaries"]["mode"] == "repeated"
