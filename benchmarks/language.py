@@ -25,7 +25,7 @@ from audits import EPSILONS, _table, _write  # benchmarks/ is the script's direc
 
 from dpverify.audit import resolve_device
 from dpverify.language import LanguageAuditConfig, run_language_audit
-from dpverify_opacus._language import language_implementations
+from dpverify_opacus import language_implementations
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

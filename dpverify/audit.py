@@ -152,14 +152,16 @@ def error_result(fields: dict[str, Any], config: AuditConfig, failure: AuditFail
     )
 
 
-def train_through_contract(implementation: Implementation, request: TrainingRequest) -> TrainedModel:
-    """``implementation.train(request)``, checked to return a :class:`TrainedModel` with a claim."""
+def train_through_contract(implementation: Implementation, request: Any, *, returns: type = TrainedModel) -> Any:
+    """``implementation.train(request)``, checked to return a ``returns`` (the contract's black-box type:
+    :class:`TrainedModel`, or :class:`dpverify.language.SequenceModel` for a language model) with a claim."""
     try:
         trained = implementation.train(request)
     except Exception as exc:  # the implementation's failure is the audit's verdict, not a crash
         raise AuditFailure(f"training raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}") from exc
-    if not isinstance(trained, TrainedModel) or not isinstance(trained.claim, PrivacyClaim):
-        raise AuditFailure(f"train() must return a dpverify.contract.TrainedModel with a PrivacyClaim, got {trained!r}")
+    if not isinstance(trained, returns) or not isinstance(getattr(trained, "claim", None), PrivacyClaim):
+        expected = f"{returns.__module__}.{returns.__qualname__}"
+        raise AuditFailure(f"train() must return a {expected} with a PrivacyClaim, got {trained!r}")
     return trained
 
 
@@ -176,7 +178,7 @@ def query_black_box(
         raise AuditFailure(f"{head} raised {type(exc).__name__}: {exc}", device=trained.device) from exc
     if log_probs.shape != expected_shape:
         raise AuditFailure(
-            f"{head} returned shape {log_probs.shape}, expected {expected_shape} (records × classes)",
+            f"{head} returned shape {log_probs.shape}, expected {expected_shape} (records × outputs)",
             device=trained.device,
         )
     if not np.all(np.isfinite(log_probs)):
@@ -290,13 +292,14 @@ def audit_through_contract(
     m: int,
     clock: AuditClock,
     say: Progress,
+    returns: type = TrainedModel,
 ) -> AuditResult:
     """Train ``implementation`` on ``request``, convert its claim to the design's relation, ``score`` the
     black box (the auditor's time, queries included) and conclude; any :class:`AuditFailure` on the way
-    ends as verdict ``error``."""
+    ends as verdict ``error``. ``returns`` is the black-box type the request's contract promises."""
     fields = result_fields(implementation, config, m)
     try:
-        trained = train_through_contract(implementation, request)
+        trained = train_through_contract(implementation, request, returns=returns)
         claim = claimed_epsilon(trained, config.relation)
         say("querying the black box")
         scoring_started = time.perf_counter()
@@ -314,14 +317,45 @@ def draw_membership(rng: np.random.Generator, m: int) -> np.ndarray:
     return rng.choice(np.array([-1, 1], dtype=np.int8), size=m)
 
 
+def audit_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, int]:
+    """``(canary rng, membership rng, trainer's seed)``: independent streams spawned from one audit seed,
+    so the same seed repeats the whole audit."""
+    canary_seq, membership_seq, training_seq = np.random.SeedSequence(seed).spawn(3)
+    return (
+        np.random.default_rng(canary_seq),
+        np.random.default_rng(membership_seq),
+        int(training_seq.generate_state(1)[0] % 2**31),
+    )
+
+
+def membership_before_training(design: str, rng: np.random.Generator, m: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(bits drawn now or None, canaries to train on)``. Inclusion: the bits are drawn before training
+    and pick the training set. Pair: every canary is trained on and the bits are drawn after training
+    (Algorithm 2), so the trainer cannot depend on them."""
+    if design == "inclusion":
+        drawn = draw_membership(rng, m)
+        return drawn, drawn == 1
+    return None, np.ones(m, dtype=bool)
+
+
 def run_audit(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
     """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
 
     A failure in training, in the black box or in the claim ends as verdict ``error``. Seeds: one
     :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits' and
     the trainer's streams, so the same seed repeats the whole audit on the same device. Data-dependent
-    designs run :func:`dpverify.data_audit.run_data_audit`.
+    designs run :func:`dpverify.data_audit.run_data_audit`; a language-model implementation runs
+    :func:`dpverify.language.run_language_audit` with this config's privacy target, level, seed and device.
     """
+    if implementation.info.task == "language":
+        from dpverify.language import language_config_like, run_language_audit
+
+        return run_language_audit(implementation, language_config_like(config), progress=progress)
+    if not isinstance(config, AuditConfig):
+        raise TypeError(
+            f"{implementation.info.name} trains a classifier; audit it with a dpverify.config.AuditConfig, "
+            f"got {type(config).__name__}"
+        )
     if config.is_data_dependent:
         from dpverify.data_audit import run_data_audit
 
@@ -330,20 +364,17 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
     clock = AuditClock(time.perf_counter())
     device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
     auditor_started = time.perf_counter()
-    canary_seq, membership_seq, training_seq = np.random.SeedSequence(config.seed).spawn(3)
-    canaries = make_canaries(config.canaries, rng=np.random.default_rng(canary_seq))
-    membership_rng = np.random.default_rng(membership_seq)
+    canary_rng, membership_rng, training_seed = audit_streams(config.seed)
+    canaries = make_canaries(config.canaries, rng=canary_rng)
     m = canaries.m
-    drawn_before = draw_membership(membership_rng, m) if config.design == "inclusion" else None
-    # pair: the bits are drawn after training (Algorithm 2), so the trainer cannot depend on them
-    trained_on = drawn_before == 1 if drawn_before is not None else np.ones(m, dtype=bool)
+    drawn_before, trained_on = membership_before_training(config.design, membership_rng, m)
     request = TrainingRequest(
         features=canaries.features[trained_on],
         labels=canaries.labels[trained_on],
         num_classes=canaries.num_classes,
         architecture=config.architecture,
         hyperparameters=config.hyperparameters,
-        seed=int(training_seq.generate_state(1)[0] % 2**31),
+        seed=training_seed,
         device=device,
     )
     clock.auditor_seconds = time.perf_counter() - auditor_started

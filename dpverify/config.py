@@ -139,7 +139,24 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
     def pick(names: tuple[str, ...]) -> dict[str, Any]:
         return {k: overrides[k] for k in names if k in overrides}
 
-    hyper = pick(HYPERPARAMETER_FIELDS)
+    canary_fields, data_fields = pick(CANARY_FIELDS), pick(DATA_FIELDS)
+    if overrides.get("design", config.design) in DATA_DESIGNS and "m" in canary_fields:
+        data_fields["m"] = canary_fields.pop("m")
+    return dataclasses.replace(
+        config,
+        canaries=dataclasses.replace(config.canaries, **canary_fields),
+        data=dataclasses.replace(config.data, **data_fields),
+        architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
+        hyperparameters=override_hyperparameters(config.hyperparameters, overrides),
+        guess_rule=override_guess_rule(config.guess_rule, overrides),
+        **pick(TOP_FIELDS),
+    )
+
+
+def override_hyperparameters(hyperparameters: DPHyperparameters, overrides: dict[str, Any]) -> DPHyperparameters:
+    """``hyperparameters`` with the flat :data:`HYPERPARAMETER_FIELDS` and ``epsilon`` in ``overrides``:
+    a target ε replaces a noise multiplier and vice versa; ε = ∞ means σ = 0 (non-private training)."""
+    hyper = {k: overrides[k] for k in HYPERPARAMETER_FIELDS if k in overrides}
     if "epsilon" in overrides:
         epsilon = overrides["epsilon"]
         if epsilon is not None and float(epsilon) == float("inf"):
@@ -148,7 +165,11 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
             hyper.update(target_epsilon=epsilon, noise_multiplier=None)
     elif "noise_multiplier" in hyper:
         hyper["target_epsilon"] = None
-    guess_rule = config.guess_rule
+    return dataclasses.replace(hyperparameters, **hyper)
+
+
+def override_guess_rule(guess_rule: GuessRule, overrides: dict[str, Any]) -> GuessRule:
+    """``guess_rule`` with ``guesses`` (a fixed count, or a tuple of fractions of m) and ``sides``."""
     if "guesses" in overrides:
         guesses = overrides["guesses"]
         guess_rule = (
@@ -158,18 +179,7 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         )
     if "sides" in overrides:
         guess_rule = dataclasses.replace(guess_rule, sides=overrides["sides"])
-    canary_fields, data_fields = pick(CANARY_FIELDS), pick(DATA_FIELDS)
-    if overrides.get("design", config.design) in DATA_DESIGNS and "m" in canary_fields:
-        data_fields["m"] = canary_fields.pop("m")
-    return dataclasses.replace(
-        config,
-        canaries=dataclasses.replace(config.canaries, **canary_fields),
-        data=dataclasses.replace(config.data, **data_fields),
-        architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
-        hyperparameters=dataclasses.replace(config.hyperparameters, **hyper),
-        guess_rule=guess_rule,
-        **pick(TOP_FIELDS),
-    )
+    return guess_rule
 
 
 def _profile(

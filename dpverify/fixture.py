@@ -99,7 +99,7 @@ class DPAudit:
                 "its level by the declared count, so declare more with @pytest.mark.dp_audit(audits=N)"
             )
         config = self.config(**settings) if config is None else config.with_overrides(**settings)
-        if config.is_data_dependent:
+        if isinstance(config, AuditConfig) and config.is_data_dependent:
             from dpverify.datasets import data_unavailable_reason
 
             reason = data_unavailable_reason(config.data.dataset)

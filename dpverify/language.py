@@ -14,13 +14,17 @@ The fresh suffix token is drawn uniformly from the new tokens *other* than the t
 position, so (trained, fresh) is an exchangeable pair before training (the paper's Property 1) and the
 comparison can never coincide with the trained suffix.
 
-The audit is the pair design (Algorithm 2): train on all m canaries, then draw S_i ∈ {−1, +1}, show
-the trained suffix (S = +1) or the fresh one (S = −1), and score
+Two designs, as for classification. ``inclusion`` (the default) keeps each canary in the training set
+with probability ½ (S_i drawn before training) and scores every canary by how much more likely its
+trained suffix is than the fresh one; it tests the *add/remove* ε that libraries report. ``pair``
+(Algorithm 2) trains on all m canaries, then draws S_i ∈ {−1, +1}, shows the trained suffix (S = +1) or
+the fresh one (S = −1), and scores
 
-    score_i = Σ_{t ∈ suffix} log p(shown_t | shown_<t) − Σ_{t ∈ suffix} log p(other_t | other_<t),
+    score_i = Σ_{t ∈ suffix} log p(shown_t | shown_<t) − Σ_{t ∈ suffix} log p(other_t | other_<t);
 
-the loss of the other sequence minus the loss of the shown one. It bounds the *replace-one* ε (one
-sequence's suffix replaced), so the claim is converted with :func:`dpverify.audit.claim_in_relation`.
+it bounds the *replace-one* ε (one sequence's suffix replaced), so the claim is converted with
+:func:`dpverify.audit.claim_in_relation`. The inclusion design is the default because a replace-one claim
+is about twice the add/remove one, which the same m canaries can refute far less often.
 One sequence is the privacy unit. This module imports numpy (and dpverify's numpy/scipy modules) only.
 """
 
@@ -28,7 +32,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -36,19 +39,24 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_probability
-from dpverify.audit import audit_ceiling, canaries_needed, claim_in_relation, resolve_device
-from dpverify.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
-from dpverify.config import DEVICES
+from dpverify.audit import (
+    AuditClock,
+    Progress,
+    audit_streams,
+    audit_through_contract,
+    draw_membership,
+    membership_before_training,
+    query_black_box,
+    resolve_device,
+)
+from dpverify.config import DESIGN_RELATION, DEVICES, HYPERPARAMETER_FIELDS, override_guess_rule, override_hyperparameters
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim
 from dpverify.results import AuditResult
-from dpverify.scoring import GuessRule, count_correct, guesses_from_scores
+from dpverify.scoring import GuessRule
 
 TokenCanaryMode = Literal["repeated", "new_token"]
 TOKEN_CANARY_MODES: tuple[str, ...] = ("repeated", "new_token")
 
-#: The language audit's design and the neighbouring relation its ε_L bounds.
-LANGUAGE_DESIGN = "pair"
-LANGUAGE_RELATION = "replace_one"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,22 +235,25 @@ class LanguageAuditConfig:
     The default is the quick profile: 1000 repeated-token canaries of 4 + 4 tokens over 100 + 1000 tokens,
     a one-block transformer of width 64, full-batch DP-SGD (q = 1, as the classification quick profile:
     for a given ε the one-run audit is tightest without subsampling) calibrated to ε = 2, 30 steps at
-    learning rate 50 (a full batch averages each sequence's clipped gradient over m = 1000, and lr 50 is
-    what lets a run without noise guess 998 of 1000 canaries); 6 s on an idle 2-core CPU, up to 40 s on a
-    busy one. The design is always the pair design, so ε_L bounds the replace-one ε.
+    learning rate 20. A full batch averages each sequence's clipped gradient over the ~500 canaries kept;
+    lr 50 diverged on most seeds, and at lr 20 a run without noise gave ε_L 2.4–3.0 at confidence 0.994 on
+    10 of 10 seeds (ε_O 4.15), which refutes a claim of 2. About 3.5 s on an idle 2-core CPU, up to 40 s on a
+    busy one. ``design`` is ``inclusion`` (add/remove ε, the default) or ``pair`` (replace-one ε).
     """
 
     canaries: TokenCanaryConfig = field(default_factory=TokenCanaryConfig)
     architecture: TransformerArchitecture = field(default_factory=TransformerArchitecture)
     hyperparameters: DPHyperparameters = field(
-        default_factory=lambda: DPHyperparameters(target_epsilon=2.0, sampling_rate=1.0, epochs=30, learning_rate=50.0)
+        default_factory=lambda: DPHyperparameters(target_epsilon=2.0, sampling_rate=1.0, epochs=30, learning_rate=20.0)
     )
+    design: str = "inclusion"
     guess_rule: GuessRule = field(default_factory=GuessRule)
     confidence: float = 0.95
     seed: int = 0
     device: str = "auto"
 
     def __post_init__(self) -> None:
+        check_choice("design", self.design, tuple(DESIGN_RELATION))
         check_probability("confidence", self.confidence)
         check_int("seed", self.seed, low=0)
         check_choice("device", self.device, DEVICES)
@@ -252,104 +263,100 @@ class LanguageAuditConfig:
                 f"architecture.max_sequence_length = {self.architecture.max_sequence_length}"
             )
 
-    design = LANGUAGE_DESIGN
-    relation = LANGUAGE_RELATION
+    @property
+    def relation(self) -> str:
+        return DESIGN_RELATION[self.design]
+
+    @property
+    def audit_size(self) -> int:
+        """m, the number of canaries the bound counts (what :func:`dpverify.audit.audit_ceiling` reads)."""
+        return self.canaries.m
+
+    def with_overrides(self, **overrides: Any) -> LanguageAuditConfig:
+        """A copy with flat overrides: the canaries' and the architecture's field names, the classification
+        audit's hyperparameter names (``epsilon``, ``noise_multiplier``, ``learning_rate``, ...),
+        ``guesses``/``sides``, ``confidence``, ``seed`` and ``device``; unknown names are a ``ValueError``."""
+        canary_names = {f.name for f in dataclasses.fields(TokenCanaryConfig)}
+        architecture_names = {f.name for f in dataclasses.fields(TransformerArchitecture)}
+        known = canary_names | architecture_names | set(HYPERPARAMETER_FIELDS) | {"epsilon", "guesses", "sides", *TOP_NAMES}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown language audit setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return dataclasses.replace(
+            self,
+            canaries=dataclasses.replace(self.canaries, **{k: v for k, v in overrides.items() if k in canary_names}),
+            architecture=dataclasses.replace(
+                self.architecture, **{k: v for k, v in overrides.items() if k in architecture_names}
+            ),
+            hyperparameters=override_hyperparameters(self.hyperparameters, overrides),
+            guess_rule=override_guess_rule(self.guess_rule, overrides),
+            **{k: v for k, v in overrides.items() if k in TOP_NAMES},
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def run_language_audit(implementation: Implementation, config: LanguageAuditConfig) -> AuditResult:
-    """Audit a language-model ``implementation`` once (pair design); never raises for its failures.
+#: Settings of the audit itself rather than of its canaries, model or training.
+TOP_NAMES = ("design", "confidence", "seed", "device")
+
+
+def language_config_like(config: Any) -> LanguageAuditConfig:
+    """The language quick default with ``config``'s privacy target (target ε or σ, δ), guess rule,
+    confidence, seed and device: what a classification audit's settings mean for a language model (its
+    canary and MLP settings do not apply). A :class:`LanguageAuditConfig` is returned as it is."""
+    if isinstance(config, LanguageAuditConfig):
+        return config
+    hp = config.hyperparameters
+    target = {"epsilon": hp.target_epsilon} if hp.target_epsilon is not None else {"noise_multiplier": hp.noise_multiplier}
+    return dataclasses.replace(LanguageAuditConfig(), guess_rule=config.guess_rule).with_overrides(
+        **target, delta=hp.delta, confidence=config.confidence, seed=config.seed, device=config.device
+    )
+
+
+def run_language_audit(
+    implementation: Implementation, config: LanguageAuditConfig, *, progress: Progress | None = None
+) -> AuditResult:
+    """Audit a language-model ``implementation`` once; never raises for its failures.
 
     One :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits'
-    and the trainer's streams. The bits are drawn after training, so training cannot depend on them.
+    and the trainer's streams. In the pair design the bits are drawn after training, so training cannot
+    depend on them; in the inclusion design they pick the canaries trained on and never reach the trainer.
     """
-    started = time.perf_counter()
+    say = progress or (lambda message: None)
+    clock = AuditClock(time.perf_counter())
     device = resolve_device(config.device)
-    canary_seq, membership_seq, training_seq = np.random.SeedSequence(config.seed).spawn(3)
-    canaries = make_token_canaries(config.canaries, rng=np.random.default_rng(canary_seq))
-    m, prefix_length = canaries.m, config.canaries.prefix_length
+    auditor_started = time.perf_counter()
+    canary_rng, membership_rng, training_seed = audit_streams(config.seed)
+    canaries = make_token_canaries(config.canaries, rng=canary_rng)
+    m = canaries.m
+    drawn_before, trained_on = membership_before_training(config.design, membership_rng, m)
     trained_sequences = canaries.sequences(canaries.suffixes)
-    base = dict(
-        implementation=implementation.info.name,
-        expected=implementation.info.expected,
-        detectability=implementation.info.detectability,
-        design=config.design,
-        relation=config.relation,
-        delta=config.hyperparameters.delta,
-        confidence=config.confidence,
-        m=m,
-        seed=config.seed,
-        config=config.to_dict(),
+    request = SequenceRequest(
+        sequences=trained_sequences[trained_on],
+        loss_mask=canaries.loss_mask()[trained_on],
+        vocab_size=config.canaries.vocab_size,
+        architecture=config.architecture,
+        hyperparameters=config.hyperparameters,
+        seed=training_seed,
+        device=device,
     )
+    clock.auditor_seconds = time.perf_counter() - auditor_started
 
-    def failed(cause: str) -> AuditResult:
-        return AuditResult(
-            **base, claimed_epsilon=math.nan, epsilon_lower_bound=0.0, guesses=0, correct=0,
-            optimal_epsilon=audit_ceiling(config), verdict="error", device=device,
-            seconds=time.perf_counter() - started, error=f"{implementation.info.name}: {cause}",
-        )  # fmt: skip
-
-    try:
-        request = SequenceRequest(
-            sequences=trained_sequences,
-            loss_mask=canaries.loss_mask(),
-            vocab_size=config.canaries.vocab_size,
-            architecture=config.architecture,
-            hyperparameters=config.hyperparameters,
-            seed=int(training_seq.generate_state(1)[0] % 2**31),
-            device=device,
-        )
-        trained = implementation.train(request)
-        if not isinstance(trained, SequenceModel) or not isinstance(trained.claim, PrivacyClaim):
-            return failed(f"train() must return a dpverify.language.SequenceModel with a PrivacyClaim, got {trained!r}")
+    def score(trained: SequenceModel) -> tuple[np.ndarray, np.ndarray, None]:
         both = np.concatenate([trained_sequences, canaries.sequences(canaries.comparison_suffixes)])
-        log_probs = np.asarray(trained.token_log_probs(both), dtype=np.float64)
-        expected_shape = (2 * m, config.canaries.sequence_length - 1)
-        if log_probs.shape != expected_shape:
-            return failed(f"token_log_probs returned shape {log_probs.shape}, expected {expected_shape}")
-        if not np.all(np.isfinite(log_probs)):
-            return failed("token_log_probs returned NaN or infinite values (did training diverge?)")
-        claimed_epsilon, derivation = claim_in_relation(trained.claim, config.relation)
-    except Exception as exc:  # the implementation's failure is the audit's verdict, not a crash
-        return failed(f"{type(exc).__name__}: {exc}")
+        log_probs = query_black_box(
+            trained, both, expected_shape=(2 * m, config.canaries.sequence_length - 1), head="token_log_probs"
+        )
+        likelihood = suffix_log_likelihood(log_probs, prefix_length=config.canaries.prefix_length)
+        preference = likelihood[:m] - likelihood[m:]  # how much likelier the trained suffix is than the fresh one
+        if drawn_before is not None:
+            return preference, drawn_before, None
+        membership = draw_membership(membership_rng, m)  # after training (Algorithm 2)
+        # S = +1 shows the trained suffix, S = −1 the fresh one: the score is log p(shown) − log p(other).
+        return membership * preference, membership, None
 
-    likelihood = suffix_log_likelihood(log_probs, prefix_length=prefix_length)
-    trained_likelihood, comparison_likelihood = likelihood[:m], likelihood[m:]
-    membership = np.random.default_rng(membership_seq).choice(np.array([-1, 1], dtype=np.int8), size=m)
-    # S = +1 shows the trained suffix, S = −1 the fresh one: the score is log p(shown) − log p(other).
-    scores = membership * (trained_likelihood - comparison_likelihood)
-    # The best count of the declared grid and the verdict, as run_audit decides them.
-    counts = config.guess_rule.counts(m)
-    corrects = [count_correct(guesses_from_scores(scores, int(k), sides=config.guess_rule.sides), membership) for k in counts]
-    bound_kwargs = dict(delta=config.hyperparameters.delta, confidence=config.guess_rule.corrected_confidence(config.confidence))
-    bounds = np.atleast_1d(epsilon_lower_bound(m, counts, np.array(corrects), **bound_kwargs))
-    rows = [(int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds)]
-    guesses, correct, lower_bound = max(rows, key=lambda row: row[2])
-    ceiling = audit_ceiling(config)
-    needed = None
-    if lower_bound > claimed_epsilon:
-        verdict = "violation"
-    elif claimed_epsilon >= ceiling:
-        verdict, needed = "undecided", canaries_needed(config, claimed_epsilon)
-    else:
-        verdict = "pass"
-    return AuditResult(
-        **base,
-        claimed_epsilon=claimed_epsilon,
-        library_epsilon=trained.claim.epsilon,
-        claim_derivation=derivation,
-        epsilon_lower_bound=lower_bound,
-        fdp_epsilon_lower_bound=float(fdp_epsilon_lower_bound(m, guesses, correct, **bound_kwargs)),
-        guesses=guesses,
-        correct=correct,
-        optimal_epsilon=ceiling,
-        canaries_needed=needed,
-        verdict=verdict,
-        device=trained.device,
-        seconds=time.perf_counter() - started,
-        scores=scores,
-        membership=membership,
-        bound_by_guesses=tuple(rows),
-    )
+    say(f"training {implementation.info.name} on {request.num_records} of {m} token canaries ({device})")
+    return audit_through_contract(
+        implementation, config, request, score, m=m, clock=clock, say=say, returns=SequenceModel
+    )  # type: ignore[arg-type]  # the shared steps read only what both configs have

@@ -135,7 +135,7 @@ def test_a_black_box_of_the_wrong_shape_is_an_error_not_a_pass():
     config = LanguageAuditConfig(canaries=TokenCanaryConfig(m=10, new_tokens=10), device="cpu")
     result = run_language_audit(WrongShape(), config)
     assert result.verdict == "error" and "expected (20, 7)" in result.error
-    assert result.design == "pair" and result.relation == "replace_one"
+    assert result.design == "inclusion" and result.relation == "add_remove"  # the default design
 
 
 def test_config_is_frozen_and_serialisable():
@@ -143,3 +143,63 @@ def test_config_is_frozen_and_serialisable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.seed = 1  # type: ignore[misc]
     assert config.to_dict()["canaries"]["mode"] == "repeated"
+
+
+class Recorder(LanguageImplementation):
+    """Remembers the request and returns a black box that prefers nothing (log p = log ½ everywhere)."""
+
+    info = ImplementationInfo(name="recorder", library="none", task="language")
+
+    def train(self, request: SequenceRequest) -> SequenceModel:
+        self.request = request
+        claim = PrivacyClaim(epsilon=1.0, delta=1e-5, accountant="none", noise_multiplier=1.0, sampling_rate=1.0, steps=1)
+        return SequenceModel(token_log_probs=lambda s: np.full((s.shape[0], s.shape[1] - 1), np.log(0.5)), claim=claim, device="cpu")
+
+
+def test_inclusion_design_trains_exactly_the_canaries_whose_bit_is_plus_one():
+    from dpverify.audit import audit_streams
+
+    """The secret bits select the training set and nothing else reaches the trainer; with a black box that
+    prefers nothing, no guess count beats chance, so a correct claim passes."""
+    config = LanguageAuditConfig(canaries=TokenCanaryConfig(m=200, new_tokens=50), device="cpu", seed=3)
+    recorder = Recorder()
+    result = run_language_audit(recorder, config)
+    drawn = make_token_canaries(config.canaries, rng=audit_streams(3)[0])
+    members = result.membership == 1
+    assert np.array_equal(recorder.request.sequences, drawn.sequences(drawn.suffixes)[members])
+    assert 60 < members.sum() < 140  # Binomial(200, ½): outside this range with probability < 1e-7
+    assert result.relation == "add_remove" and result.verdict == "pass"
+
+
+def test_overrides_route_to_their_part_and_unknown_names_are_refused():
+    config = LanguageAuditConfig().with_overrides(m=50, width=32, epsilon=float("inf"), guesses=10, design="pair", seed=4)
+    assert (config.canaries.m, config.architecture.width, config.seed, config.design) == (50, 32, 4, "pair")
+    assert config.hyperparameters.noise_multiplier == 0.0 and config.hyperparameters.target_epsilon is None
+    assert config.guess_rule.count == 10 and config.relation == "replace_one" and config.audit_size == 50
+    with pytest.raises(ValueError, match="unknown language audit setting.*hidden_width"):
+        LanguageAuditConfig().with_overrides(hidden_width=10)
+
+
+def test_a_classification_config_carries_its_privacy_target_level_seed_and_device():
+    from dpverify.config import profile_config
+    from dpverify.language import language_config_like
+
+    classification = profile_config("quick", epsilon=4.0, seed=9, confidence=0.99, device="cpu", guesses=20)
+    config = language_config_like(classification)
+    assert config.hyperparameters.target_epsilon == 4.0 and config.hyperparameters.delta == classification.hyperparameters.delta
+    assert (config.seed, config.confidence, config.device, config.guess_rule) == (9, 0.99, "cpu", classification.guess_rule)
+    assert config.canaries == LanguageAuditConfig().canaries  # the MLP's canaries do not apply
+    non_private = language_config_like(profile_config("quick", epsilon=float("inf")))
+    assert non_private.hyperparameters.noise_multiplier == 0.0
+
+
+def test_run_audit_sends_a_language_implementation_to_the_language_audit():
+    from dpverify.audit import run_audit
+    from dpverify.config import profile_config
+
+    result = run_audit(WrongShape(), profile_config("quick", device="cpu"))
+    assert result.verdict == "error" and "token_log_probs returned shape" in result.error
+    with pytest.raises(TypeError, match="trains a classifier"):
+        from tests.doubles import Oblivious
+
+        run_audit(Oblivious(claimed_epsilon=1.0, info=ImplementationInfo(name="x", library="numpy")), LanguageAuditConfig())

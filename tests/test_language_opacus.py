@@ -17,18 +17,15 @@ from dpverify.language import (  # noqa: E402
     make_token_canaries,
     run_language_audit,
 )
-from dpverify_opacus._language import (  # noqa: E402
-    IGNORED_TARGET,
-    language_implementations,
-    next_token_tensors,
-    train_opacus_language,
-)
+from dpverify_opacus import language_implementations  # noqa: E402
+from dpverify_opacus._language import IGNORED_TARGET, next_token_tensors, train_opacus_language  # noqa: E402
 
 IMPLEMENTATIONS = {implementation.info.name: implementation for implementation in language_implementations()}
 
-#: m = 200 keeps one audit to a few seconds. A full batch averages each clipped gradient over 200, so lr 10
-#: (the quick default's 50 at m = 1000, per record) lets a run without noise memorise its canaries.
+#: The pair design with m = 200 keeps one audit to a few seconds. A full batch averages each clipped
+#: gradient over 200, so lr 10 lets a run without noise memorise its canaries.
 SMALL = LanguageAuditConfig(
+    design="pair",
     canaries=TokenCanaryConfig(m=200, new_tokens=200),
     hyperparameters=DPHyperparameters(target_epsilon=1.0, sampling_rate=1.0, epochs=30, learning_rate=10.0),
     device="cpu",

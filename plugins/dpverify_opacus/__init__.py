@@ -9,7 +9,10 @@ Each variant (``opacus-no-noise``, ...) changes one rule of a correct DP-SGD ste
 :mod:`dpverify_opacus.variants` for how. :func:`noise_scaled` builds (without registering) Opacus with its
 noise divided by k, for benchmarks of the smallest noise deficit an audit catches.
 
-Importing this package is cheap: torch and opacus are imported inside :meth:`OpacusImplementation.train`.
+``opacus-lm`` (and ``opacus-lm-no-noise``) train a small causal transformer on token canaries through the
+language-model contract (:mod:`dpverify.language`), with the same engine and the same tweaks.
+
+Importing this package is cheap: torch and opacus are imported inside the implementations' ``train``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ from typing import Any, Mapping
 
 from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest
 
-__all__ = ["OpacusImplementation", "VariantSpec", "VARIANTS", "implementations", "noise_scaled", "variant"]
+__all__ = [
+    "OpacusImplementation",
+    "OpacusLanguageImplementation",
+    "VariantSpec",
+    "VARIANTS",
+    "implementations",
+    "language_implementations",
+    "noise_scaled",
+    "variant",
+]
 
 _REQUIRES = ("torch", "opacus")
 
@@ -54,6 +66,41 @@ class OpacusImplementation(Implementation):
         return train_opacus(
             request, name=self.info.name, grad_sample_mode=self.grad_sample_mode, tweak=self.make_tweak()
         )
+
+
+class OpacusLanguageImplementation(OpacusImplementation):
+    """Opacus' PrivacyEngine training the causal transformer of the language-model contract, with an
+    optional tweak (a buggy variant) named as in :data:`dpverify_opacus.variants.TWEAKS`."""
+
+    def train(self, request):  # a dpverify.language.SequenceRequest -> SequenceModel
+        from dpverify_opacus._language import train_opacus_language
+
+        return train_opacus_language(
+            request, name=self.info.name, grad_sample_mode=self.grad_sample_mode, tweak=self.make_tweak()
+        )
+
+
+def language_implementations() -> list[OpacusLanguageImplementation]:
+    """Opacus on the language-model contract, and its no-noise variant (bugs.md row 1)."""
+    info = dict(library="opacus", requires=_REQUIRES, extra="opacus", task="language")
+    return [
+        OpacusLanguageImplementation(
+            ImplementationInfo(name="opacus-lm", notes="PrivacyEngine.make_private on a causal transformer", **info)
+        ),
+        OpacusLanguageImplementation(
+            ImplementationInfo(
+                name="opacus-lm-no-noise",
+                expected="violation",
+                breaks="noise N(0, σ²C²) must be added to the clipped sum at every step; this step adds none",
+                bug=1,
+                detectability="D1",
+                notes="DPOptimizer.add_noise runs with noise_multiplier 0 (restored before the accountant reads it)",
+                **info,
+            ),
+            tweak="scaled_noise",
+            tweak_args={"scale": 0.0},
+        ),
+    ]
 
 
 def _correct(name: str, mode: str, notes: str) -> OpacusImplementation:
@@ -245,4 +292,5 @@ def implementations() -> list[Implementation]:
         _correct("opacus-ghost", "ghost", "PrivacyEngine.make_private, grad_sample_mode='ghost' (ghost clipping)"),
         _correct("opacus-hooks", "hooks", "PrivacyEngine.make_private, grad_sample_mode='hooks' (per-sample grads)"),
         *(spec.build() for spec in VARIANTS),
+        *language_implementations(),
     ]

@@ -12,32 +12,15 @@ loss mixed in, so ``opacus-lm-no-noise`` is the same mutation of Opacus' ``DPOpt
 
 from __future__ import annotations
 
-import itertools
-import warnings
 from typing import Callable
 
 import numpy as np
 import torch
-from opacus import PrivacyEngine
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
 
-from dpverify.contract import ImplementationInfo
 from dpverify.language import SequenceModel, SequenceRequest, TransformerArchitecture
-from dpverify.torch import fast_math, resolve_device, seeds_for
-from dpverify_opacus import OpacusImplementation
-from dpverify_opacus._training import (
-    GRAD_SAMPLE_MODES,
-    OpacusRun,
-    Tweak,
-    _epochs,
-    backward_batch,
-    claim_from_accountant,
-    mix_into,
-    noise_multiplier_for,
-    sampling_rate_for,
-)
+from dpverify_opacus._training import OpacusRun, Task, Tweak, build_run, mix_into, run_steps, trained_module
 
 IGNORED_TARGET = -100  # nn.CrossEntropyLoss' default ignore_index: prefix positions add nothing to the loss
 
@@ -118,69 +101,24 @@ def language_loss(base: type) -> type:
     return LanguageLoss
 
 
-def build_language_run(request: SequenceRequest, *, name: str, grad_sample_mode: str, tweak: Tweak) -> OpacusRun:
-    """Transformer, SGD and ``PrivacyEngine(accountant="rdp").make_private`` with Poisson sampling over
-    sequences and seeded sampling and noise, then ``tweak`` (with the language loss mixed in) applied."""
-    if grad_sample_mode not in GRAD_SAMPLE_MODES or grad_sample_mode not in tweak.supported_modes:
-        raise ValueError(f"{name}: grad_sample_mode must be one of {tweak.supported_modes}, got {grad_sample_mode!r}")
-    if request.num_records < 1:
-        raise ValueError(f"{name}: the request holds no sequences to train on")
-    steps_per_epoch, sample_rate = sampling_rate_for(request, name)
-    sigma = noise_multiplier_for(request, tweak, sample_rate)
-    device = resolve_device(request.device)
-    seeds = seeds_for(request.seed)
-    model = build_transformer(request, seed=seeds.init, device=device)
-    loader = tweak.data_loader(
-        TensorDataset(*next_token_tensors(request)),
-        steps_per_epoch,
-        torch.Generator(device="cpu").manual_seed(seeds.sampling),
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Secure RNG turned off")
-        engine = PrivacyEngine(accountant="rdp")
-        made = engine.make_private(
-            module=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=request.hyperparameters.learning_rate),
-            criterion=nn.CrossEntropyLoss(ignore_index=IGNORED_TARGET),
-            data_loader=loader,
-            noise_multiplier=sigma,
-            max_grad_norm=request.hyperparameters.max_grad_norm,
-            poisson_sampling=tweak.poisson_sampling,
-            noise_generator=torch.Generator(device=device).manual_seed(seeds.noise),
-            grad_sample_mode=grad_sample_mode,
-        )
-    module, optimizer, *criterion, dp_loader = made  # ghost mode also returns its loss wrapper
-    run = OpacusRun(
-        request=request,  # type: ignore[arg-type]  # the run reads only what both requests share
-        name=name,
-        grad_sample_mode=grad_sample_mode,
-        module=module,
-        optimizer=optimizer,
-        criterion=criterion[0] if criterion else nn.CrossEntropyLoss(ignore_index=IGNORED_TARGET),
-        data_loader=dp_loader,
-        engine=engine,
-        device=device,
-        steps_per_epoch=steps_per_epoch,
-        tweak=mix_into(tweak, language_loss),
-    )
-    run.tweak.apply(run)
-    return run
+#: The causal transformer on a :class:`SequenceRequest`: next-token targets, suffix positions only.
+LANGUAGE = Task(
+    build_model=lambda request, seed, device: build_transformer(request, seed=seed, device=device),
+    tensors=next_token_tensors,
+    criterion=lambda request: nn.CrossEntropyLoss(ignore_index=IGNORED_TARGET),
+)
 
 
 def train_opacus_language(
     request: SequenceRequest, *, name: str, grad_sample_mode: str = "ghost", tweak: Tweak | None = None
 ) -> SequenceModel:
-    """Train the designated transformer with Opacus' ``PrivacyEngine``; return the black box and the claim."""
-    run = build_language_run(request, name=name, grad_sample_mode=grad_sample_mode, tweak=tweak or Tweak())
-    steps = request.hyperparameters.steps
-    with fast_math(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        for inputs, targets in itertools.islice(_epochs(run.data_loader), steps):
-            backward_batch(run, inputs, targets)
-            run.optimizer.step()
-    claim = claim_from_accountant(run.engine.accountant, request.hyperparameters.delta, relation=run.tweak.relation, name=name)
-    model = getattr(run.module, "_module", run.module)
-    return SequenceModel(token_log_probs=make_token_log_probs(model, run.device), claim=claim, device=run.device.type)
+    """Train the designated transformer with Opacus' ``PrivacyEngine`` (the classification path's engine,
+    sampling, noise and accounting, with the language loss mixed into ``tweak``); return the black box
+    and the claim."""
+    tweak = mix_into(tweak or Tweak(), language_loss)
+    run = build_run(request, name=name, grad_sample_mode=grad_sample_mode, tweak=tweak, task=LANGUAGE)  # type: ignore[arg-type]
+    claim = run_steps(run)
+    return SequenceModel(token_log_probs=make_token_log_probs(trained_module(run), run.device), claim=claim, device=run.device.type)
 
 
 def make_token_log_probs(
@@ -203,38 +141,3 @@ def make_token_log_probs(
         return np.concatenate(outputs, axis=0)
 
     return token_log_probs
-
-
-class OpacusLanguageImplementation(OpacusImplementation):
-    """Opacus' PrivacyEngine training the causal transformer, with an optional tweak (a buggy variant)
-    named as in :data:`dpverify_opacus.variants.TWEAKS`."""
-
-    def train(self, request: SequenceRequest) -> SequenceModel:  # type: ignore[override]
-        return train_opacus_language(
-            request, name=self.info.name, grad_sample_mode=self.grad_sample_mode, tweak=self.make_tweak()
-        )
-
-
-_LM_INFO = dict(library="opacus", requires=("torch", "opacus"), extra="opacus", task="language")
-
-
-def language_implementations() -> list[OpacusLanguageImplementation]:
-    """Opacus on the language-model contract, and its no-noise variant (bugs.md row 1)."""
-    return [
-        OpacusLanguageImplementation(
-            ImplementationInfo(name="opacus-lm", notes="PrivacyEngine.make_private on a causal transformer", **_LM_INFO)
-        ),
-        OpacusLanguageImplementation(
-            ImplementationInfo(
-                name="opacus-lm-no-noise",
-                expected="violation",
-                breaks="noise N(0, σ²C²) must be added to the clipped sum at every step; this step adds none",
-                bug=1,
-                detectability="D1",
-                notes="DPOptimizer.add_noise runs with noise_multiplier 0 (restored before the accountant reads it)",
-                **_LM_INFO,
-            ),
-            tweak="scaled_noise",
-            tweak_args={"scale": 0.0},
-        ),
-    ]

@@ -127,11 +127,35 @@ def noise_multiplier_for(request: TrainingRequest, tweak: Tweak, sample_rate: fl
         )
 
 
+@dataclass(frozen=True)
+class Task:
+    """What a run trains: the model (from the request, an init seed and a device), the dataset's
+    ``(inputs, targets)`` tensors on the CPU, and the criterion. The engine, sampling, noise, tweaks and
+    accounting are the same for every task."""
+
+    build_model: Callable[[Any, int, torch.device], nn.Module]
+    tensors: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
+    criterion: Callable[[Any], nn.Module]
+
+
+#: The designated MLP (with its tag head when the request carries tags) on a :class:`TrainingRequest`.
+CLASSIFICATION = Task(
+    build_model=lambda request, seed, device: build_mlp(request, seed=seed, device=device),
+    tensors=lambda request: as_tensors(request, "cpu"),
+    criterion=training_criterion,
+)
+
+
 def build_run(
-    request: TrainingRequest, *, name: str, grad_sample_mode: str = "ghost", tweak: Tweak | None = None
+    request: TrainingRequest,
+    *,
+    name: str,
+    grad_sample_mode: str = "ghost",
+    tweak: Tweak | None = None,
+    task: Task = CLASSIFICATION,
 ) -> OpacusRun:
-    """Everything up to the first step: model, SGD, ``PrivacyEngine(accountant="rdp").make_private`` with
-    Poisson sampling, seeded sampling and noise generators, then the tweak applied."""
+    """Everything up to the first step: the task's model, SGD, ``PrivacyEngine(accountant="rdp").make_private``
+    with Poisson sampling, seeded sampling and noise generators, then the tweak applied."""
     tweak = tweak if tweak is not None else Tweak()
     if grad_sample_mode not in GRAD_SAMPLE_MODES:
         raise ValueError(f"{name}: grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, got {grad_sample_mode!r}")
@@ -147,8 +171,8 @@ def build_run(
 
     device = resolve_device(request.device)
     seeds = seeds_for(request.seed)
-    model = build_mlp(request, seed=seeds.init, device=device)
-    dataset = TensorDataset(*as_tensors(request, "cpu"))
+    model = task.build_model(request, seeds.init, device)
+    dataset = TensorDataset(*task.tensors(request))
     sampling_generator = torch.Generator(device="cpu").manual_seed(seeds.sampling)
     noise_generator = torch.Generator(device=device).manual_seed(seeds.noise)
     loader = tweak.data_loader(dataset, steps_per_epoch, sampling_generator)
@@ -159,7 +183,7 @@ def build_run(
         made = engine.make_private(
             module=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=hp.learning_rate),
-            criterion=training_criterion(request),
+            criterion=task.criterion(request),
             data_loader=loader,
             noise_multiplier=sigma,
             max_grad_norm=hp.max_grad_norm,
@@ -171,7 +195,7 @@ def build_run(
         module, optimizer, criterion, dp_loader = made
     else:
         module, optimizer, dp_loader = made
-        criterion = training_criterion(request)
+        criterion = task.criterion(request)
     run = OpacusRun(
         request=request,
         name=name,
@@ -209,31 +233,39 @@ def backward_batch(run: OpacusRun, features: torch.Tensor, targets: torch.Tensor
             param.grad_sample = param.new_zeros((0, *param.shape))
 
 
-def train_opacus(
-    request: TrainingRequest, *, name: str, grad_sample_mode: str = "ghost", tweak: Tweak | None = None
-) -> TrainedModel:
-    """Train the designated MLP (with its tag head when the request carries tags) with Opacus'
-    ``PrivacyEngine`` and return the black boxes and the claim."""
-    run = build_run(request, name=name, grad_sample_mode=grad_sample_mode, tweak=tweak)
-    steps = request.hyperparameters.steps
+def run_steps(run: OpacusRun) -> PrivacyClaim:
+    """Take exactly the request's steps and return the claim Opacus' accountant states for them."""
+    steps = run.request.hyperparameters.steps
     taken = 0
     with fast_math(), warnings.catch_warnings():
         # torch warns on every backward that Opacus' hooks fire on module outputs (inputs need no grad).
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         # Exactly `steps` steps: Opacus' sampler yields int(1/sample_rate) batches per pass, which is
         # one short of 1/q for some q (e.g. 1/93), so passes are chained rather than counted.
-        for features, targets in itertools.islice(_epochs(run.data_loader), steps):
-            backward_batch(run, features, targets)
+        for inputs, targets in itertools.islice(_epochs(run.data_loader), steps):
+            backward_batch(run, inputs, targets)
             run.optimizer.step()
             taken += 1
     if taken != steps:
-        raise RuntimeError(f"{name}: the data loader gave {taken} batches, expected {steps}")
-
-    claim = claim_from_accountant(
-        run.engine.accountant, request.hyperparameters.delta, relation=run.tweak.relation, name=name
+        raise RuntimeError(f"{run.name}: the data loader gave {taken} batches, expected {steps}")
+    return claim_from_accountant(
+        run.engine.accountant, run.request.hyperparameters.delta, relation=run.tweak.relation, name=run.name
     )
-    trained = getattr(run.module, "_module", run.module)  # the user's nn.Module inside the GradSampleModule
-    return TrainedModel(**black_boxes(trained, request, run.device), claim=claim, device=run.device.type)
+
+
+def trained_module(run: OpacusRun) -> nn.Module:
+    """The user's nn.Module inside the GradSampleModule."""
+    return getattr(run.module, "_module", run.module)
+
+
+def train_opacus(
+    request: TrainingRequest, *, name: str, grad_sample_mode: str = "ghost", tweak: Tweak | None = None
+) -> TrainedModel:
+    """Train the designated MLP (with its tag head when the request carries tags) with Opacus'
+    ``PrivacyEngine`` and return the black boxes and the claim."""
+    run = build_run(request, name=name, grad_sample_mode=grad_sample_mode, tweak=tweak)
+    claim = run_steps(run)
+    return TrainedModel(**black_boxes(trained_module(run), request, run.device), claim=claim, device=run.device.type)
 
 
 def claim_from_accountant(accountant, delta: float, *, relation: str = "add_remove", name: str) -> PrivacyClaim:
