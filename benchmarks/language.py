@@ -12,7 +12,6 @@ gradient modes. Numbers here are measurements, never test assertions.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import os
 import platform
@@ -30,15 +29,8 @@ from dpverify_opacus import language_implementations
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def configured(base: LanguageAuditConfig, *, mode: str, epsilon: float, seed: int) -> LanguageAuditConfig:
-    private = {"target_epsilon": epsilon, "noise_multiplier": None}
-    hyper = private if epsilon != float("inf") else {"target_epsilon": None, "noise_multiplier": 0.0}
-    return dataclasses.replace(
-        base,
-        canaries=dataclasses.replace(base.canaries, mode=mode),
-        hyperparameters=dataclasses.replace(base.hyperparameters, **hyper),
-        seed=seed,
-    )
+def configured(base: LanguageAuditConfig, *, design: str, mode: str, epsilon: float, seed: int) -> LanguageAuditConfig:
+    return base.with_overrides(design=design, mode=mode, epsilon=epsilon, seed=seed)
 
 
 def describe(config: LanguageAuditConfig) -> str:
@@ -46,8 +38,8 @@ def describe(config: LanguageAuditConfig) -> str:
     return (
         f"m = {c.m} canaries of {c.prefix_length} + {c.suffix_length} tokens over {c.base_vocab_size} + "
         f"{c.new_tokens} tokens; transformer {a.layers} block(s), width {a.width}, {a.heads} heads; "
-        f"q = {h.sampling_rate:g}, {h.steps} steps, lr {h.learning_rate:g}, clip {h.max_grad_norm:g}; pair design "
-        f"(replace-one), δ = {h.delta:g}, {config.confidence:.0%} confidence, guess grid of "
+        f"q = {h.sampling_rate:g}, {h.steps} steps, lr {h.learning_rate:g}, clip {h.max_grad_norm:g}; "
+        f"δ = {h.delta:g}, {config.confidence:.0%} confidence, guess grid of "
         f"{len(config.guess_rule.counts(c.m))} counts with Bonferroni"
     )
 
@@ -74,27 +66,33 @@ def header(args: argparse.Namespace, config: LanguageAuditConfig) -> list[str]:
 def power(args: argparse.Namespace, base: LanguageAuditConfig) -> list[str]:
     opacus_lm = language_implementations()[0]
     rows = []
-    for mode in args.modes:
-        for epsilon in args.epsilons:
-            results = [run_language_audit(opacus_lm, configured(base, mode=mode, epsilon=epsilon, seed=s)) for s in range(args.seeds)]
-            for r in results:
-                if r.error:
-                    raise RuntimeError(r.error)
-            first = results[0]
-            rows.append((
-                mode, first.library_epsilon, first.claimed_epsilon,
-                " / ".join(f"{r.epsilon_lower_bound:.2f}" for r in results),
-                statistics.median(r.epsilon_lower_bound for r in results),
-                first.optimal_epsilon, " / ".join(r.verdict for r in results),
-                statistics.mean(r.seconds for r in results),
-            ))  # fmt: skip
-    columns = ("canaries", "Opacus ε (add/remove)", "claimed ε (replace-one)", "ε_L per seed", "median ε_L", "ε_O", "verdicts", "s / audit")
+    for design in args.designs:
+        for mode in args.modes:
+            for epsilon in args.epsilons:
+                results = [
+                    run_language_audit(opacus_lm, configured(base, design=design, mode=mode, epsilon=epsilon, seed=s))
+                    for s in range(args.seeds)
+                ]
+                for r in results:
+                    if r.error:
+                        raise RuntimeError(r.error)
+                first = results[0]
+                rows.append((
+                    design, mode, first.library_epsilon, first.claimed_epsilon,
+                    " / ".join(f"{r.epsilon_lower_bound:.2f}" for r in results),
+                    statistics.median(r.epsilon_lower_bound for r in results),
+                    first.optimal_epsilon, " / ".join(r.verdict for r in results),
+                    statistics.mean(r.seconds for r in results),
+                ))  # fmt: skip
+                print(rows[-1], flush=True)
+    columns = ("design", "canaries", "Opacus ε (add/remove)", "claimed ε in the design's relation", "ε_L per seed",
+               "median ε_L", "ε_O", "verdicts", "s / audit")
     return ["## ε_L against claimed ε (opacus-lm, ghost clipping)", "", *_table(columns, rows)]
 
 
 def speed(args: argparse.Namespace, base: LanguageAuditConfig) -> list[str]:
     """Seconds per audit of the same run in both modes (they train the same model, see the tests)."""
-    config = configured(base, mode="repeated", epsilon=2.0, seed=0)
+    config = configured(base, design=base.design, mode="repeated", epsilon=2.0, seed=0)
     rows = []
     for mode in ("ghost", "hooks"):
         implementation = language_implementations()[0]
@@ -110,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results-dir", default=str(RESULTS))
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
+    parser.add_argument("--designs", nargs="+", choices=("inclusion", "pair"), default=["inclusion", "pair"])
     parser.add_argument("--modes", nargs="+", choices=("repeated", "new_token"), default=["repeated", "new_token"])
     args = parser.parse_args(argv)
     args.command = "python benchmarks/language.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -268,7 +268,13 @@ def run_conformance(
     impl: Implementation, *, request: TrainingRequest | None = None, target_epsilon: float = 1.0
 ) -> None:
     """All checks on ``request`` (default :func:`small_request`) and on its target-ε twin
-    (:func:`with_target_epsilon`)."""
+    (:func:`with_target_epsilon`). The checks speak the classification contract; a language-model
+    implementation (``info.task == "language"``) is refused with a ``ValueError``."""
+    if impl.info.task != "classification":
+        raise ValueError(
+            f"{impl.info.name} trains a {impl.info.task} model; the conformance checks cover the classification "
+            "contract (TrainingRequest -> TrainedModel) only"
+        )
     request = request if request is not None else small_request()
     trained = check_output_contract(impl, request)
     check_claim_matches_request(impl, request, trained)

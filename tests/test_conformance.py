@@ -1,7 +1,7 @@
-"""Every registered implementation passes the conformance suite on a tiny request.
+"""Every registered classification implementation passes the conformance suite on a tiny request.
 
-Parametrised over ``registered_implementations()`` (built-ins and anything registered through the entry
-point group), ids = names; an implementation whose library is missing is skipped with its reason.
+Parametrised over ``registered_implementations()`` with ``task == "classification"`` (built-ins and
+anything registered through the entry point group; language models have their own tests), ids = names; an implementation whose library is missing is skipped with its reason.
 A variant whose bug is an accountant fed the wrong numbers (bugs.md row 8) must *fail* the
 claim-matches-request check: that check is how conformance catches it without an audit.
 """
@@ -17,7 +17,7 @@ from dpverify import conformance
 from dpverify.contract import DPHyperparameters, Implementation, ImplementationInfo, PrivacyClaim, TrainedModel
 from dpverify.registry import registered_implementations
 
-IMPLEMENTATIONS = registered_implementations()
+IMPLEMENTATIONS = [impl for impl in registered_implementations() if impl.info.task == "classification"]
 ACCOUNTANT_BUG = 8
 TARGET_EPSILON = 1.0
 
@@ -133,6 +133,19 @@ class _Fake(Implementation):
         )
         fields.update(self.claim_changes)
         return TrainedModel(predict_log_proba=predict, claim=PrivacyClaim(**fields), device="cpu")
+
+
+def test_a_language_model_is_refused_with_a_reason():
+    from dpverify.language import LanguageImplementation
+
+    class Language(LanguageImplementation):
+        info = ImplementationInfo(name="lm", library="none", task="language")
+
+        def train(self, request):
+            raise AssertionError("never trained")
+
+    with pytest.raises(ValueError, match="lm trains a language model; the conformance checks cover the classification"):
+        conformance.run_conformance(Language())
 
 
 def test_fake_passes_everything():

@@ -329,7 +329,8 @@ def test_empty_batch_is_a_noise_only_step(mode):
 
 def test_variant_catalogue():
     variants = [impl for impl in dpverify_opacus.implementations() if impl.info.expected == "violation"]
-    assert sorted(impl.info.bug for impl in variants) == list(range(1, 13))
+    classification = [impl for impl in variants if impl.info.task == "classification"]
+    assert sorted(impl.info.bug for impl in classification) == list(range(1, 13))
     for impl in variants:
         info = impl.info
         assert info.breaks and info.detectability in ("D1", "D2", "D3", "D4") and info.notes
