@@ -284,13 +284,18 @@ def claim_from_accountant(accountant, delta: float, *, relation: str = "add_remo
     if sigma == 0.0:
         epsilon = math.inf
     else:
-        epsilon = float(accountant.get_epsilon(delta))
-        prv = PRVAccountant()
-        prv.history = history
-        try:
-            other[PRV_NAME] = float(prv.get_epsilon(delta))
-        except (ValueError, OverflowError, RuntimeError) as exc:  # PRV's domain fails for extreme ε
-            warnings.warn(f"{name}: Opacus' PRV accountant could not compute ε ({exc}); claim has RDP only")
+        with warnings.catch_warnings():
+            # Opacus' own remarks on its numbers, not the user's concern here: the RDP optimum at its largest
+            # order (large σ), and the PRV's log of 0 at q = 1 (a full batch), which it handles.
+            warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+            warnings.filterwarnings("ignore", message="divide by zero encountered in log", category=RuntimeWarning)
+            epsilon = float(accountant.get_epsilon(delta))
+            prv = PRVAccountant()
+            prv.history = history
+            try:
+                other[PRV_NAME] = float(prv.get_epsilon(delta))
+            except (ValueError, OverflowError, RuntimeError) as exc:  # PRV's domain fails for extreme ε
+                warnings.warn(f"{name}: Opacus' PRV accountant could not compute ε ({exc}); claim has RDP only")
     return PrivacyClaim(
         epsilon=epsilon,
         delta=delta,
