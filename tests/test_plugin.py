@@ -206,3 +206,27 @@ register_implementation(Oblivious(info=variant("missed-d3", "D3")))
     assert {a["implementation"]: a["detectability"] for a in data["audits"]} == {
         "caught-d1": "D1", "missed-d2": "D2", "missed-d3": "D3",
     }
+
+
+@pytest.mark.slow
+def test_a_marker_selects_the_data_dependent_design_and_the_report_carries_test_accuracy(project, tmp_path):
+    """The UniAud++ design through the marker, trained by the real opacus-ghost on a small setting (the
+    plumbing, not power: at ε = ∞ the audit can only pass or stay undecided)."""
+    pytest.importorskip("opacus")
+    pytest.importorskip("sklearn")
+    project.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.dp_audit(design="multitask", m=60, trigger_dimension=60, hidden_width=32, epochs=3, epsilon=float("inf"))
+        def test_multitask(dp_audit):
+            result = dp_audit("opacus-ghost")
+            assert result.design == "multitask" and result.relation == "replace_one"
+            assert 0.0 < result.test_accuracy <= 1.0
+        """
+    )
+    report = tmp_path / "report.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}")
+    result.assert_outcomes(passed=1)
+    (audit,) = json.loads(report.read_text())["audits"]
+    assert audit["design"] == "multitask" and audit["test_accuracy"] is not None
