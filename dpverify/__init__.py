@@ -23,6 +23,10 @@ _EXPORTS = {
     "register_implementation": "dpverify.registry",
     "get_implementation": "dpverify.registry",
     "registered_implementations": "dpverify.registry",
+    "LanguageAuditConfig": "dpverify.language",
+    "run_language_audit": "dpverify.language",
+    "SequenceRequest": "dpverify.language",
+    "SequenceModel": "dpverify.language",
     "epsilon_lower_bound": "dpverify.bounds",
     "optimal_epsilon": "dpverify.bounds",
 }
