@@ -114,9 +114,32 @@ class AuditClock:
 
     started: float
     auditor_seconds: float = 0.0
+    black_box_seconds: float = 0.0
 
     def seconds(self) -> float:
         return time.perf_counter() - self.started
+
+
+class _TimedBlackBoxes:
+    """``trained`` whose black boxes add their seconds to ``clock.black_box_seconds``: answering queries is
+    the trained model's work, not the auditor's (canaries, scores, guesses and the bound)."""
+
+    def __init__(self, trained: Any, clock: AuditClock) -> None:
+        self._trained, self._clock = trained, clock
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._trained, name)
+        if not callable(value):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                self._clock.black_box_seconds += time.perf_counter() - started
+
+        return timed
 
 
 def result_fields(implementation: Implementation, config: AuditConfig, m: int) -> dict[str, Any]:
@@ -295,16 +318,16 @@ def audit_through_contract(
     returns: type = TrainedModel,
 ) -> AuditResult:
     """Train ``implementation`` on ``request``, convert its claim to the design's relation, ``score`` the
-    black box (the auditor's time, queries included) and conclude; any :class:`AuditFailure` on the way
+    black box (the auditor's time, the black box's answers excluded) and conclude; any :class:`AuditFailure` on the way
     ends as verdict ``error``. ``returns`` is the black-box type the request's contract promises."""
     fields = result_fields(implementation, config, m)
     try:
         trained = train_through_contract(implementation, request, returns=returns)
         claim = claimed_epsilon(trained, config.relation)
         say("querying the black box")
-        scoring_started = time.perf_counter()
-        scores, membership, accuracy = score(trained)
-        clock.auditor_seconds += time.perf_counter() - scoring_started
+        scoring_started, answering = time.perf_counter(), clock.black_box_seconds
+        scores, membership, accuracy = score(_TimedBlackBoxes(trained, clock))
+        clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
         return concluded_result(
             fields, config, trained, scores, membership, claim=claim, clock=clock, test_accuracy=accuracy
         )

@@ -124,3 +124,22 @@ def test_package_exports_load_lazily():
         "from dpverify import run_audit, DPViolation, register_implementation; print(light, callable(run_audit))"
     )
     assert fresh_python(code) == "True True"
+
+
+def test_the_black_boxs_answering_time_is_not_the_auditors():
+    """A black box that takes 0.3 s to answer makes the audit at least 0.3 s long, none of it the auditor's."""
+    import dataclasses
+    import time
+
+    class Slow(Oblivious):
+        def train(self, request):
+            trained = super().train(request)
+
+            def slow_predict(features):
+                time.sleep(0.3)
+                return trained.predict_log_proba(features)
+
+            return dataclasses.replace(trained, predict_log_proba=slow_predict)
+
+    result = run_audit(Slow(), profile_config("quick", m=200, dimension=200, device="cpu"))
+    assert result.seconds >= 0.3 and result.auditor_seconds < 0.25
