@@ -30,6 +30,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design)")
     audit.add_argument("--epochs", type=int, default=None)
+    audit.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other audit setting, as a marker keyword (e.g. --set num_tags=50, --set prefix_length=8); "
+        "VALUE is a Python literal. Each implementation takes the settings its audit knows",
+    )
     audit.add_argument("--confidence", type=float, default=0.95, help="confidence for all audits of this run together")
     audit.add_argument("--seed", type=int, default=0)
     audit.add_argument("--device", choices=options.DEVICE_CHOICES, default="auto")
@@ -80,7 +89,6 @@ def _list(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     from dpverify.audit import run_audit
-    from dpverify.config import profile_config
     from dpverify.registry import registered_implementations
     from dpverify.session import AuditSession, outcome_as_expected
 
@@ -103,19 +111,18 @@ def _audit(args: argparse.Namespace) -> int:
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm.
     session.planned_audits = sum(impl.info.expected == "private" for impl in chosen)
     overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
+    overrides.update(_settings(args.settings))
     print(session.header(), file=sys.stderr)
     for index, implementation in enumerate(chosen, start=1):
         reason = implementation.unavailable_reason()
         if reason:
             print(f"[{index}/{len(chosen)}] skipped: {reason}", file=sys.stderr)
             continue
-        config = profile_config(
-            args.profile,
+        config = _config_for(implementation, args.profile, overrides).with_overrides(
             epsilon=args.epsilon,
             device=args.device,
             seed=session.audit_seed(implementation.info.name),
             confidence=session.per_audit_confidence,
-            **overrides,
         )
         started = time.perf_counter()
 
@@ -142,3 +149,34 @@ def _audit(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _settings(pairs: Sequence[str]) -> dict[str, object]:
+    """``--set NAME=VALUE`` pairs as overrides; a VALUE that is no Python literal stays a string."""
+    import ast
+
+    settings: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set takes NAME=VALUE, got {pair!r}")
+        try:
+            settings[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            settings[name] = text
+    return settings
+
+
+def _config_for(implementation, profile: str, overrides: dict[str, object]):
+    """The audit config of ``implementation``'s task from ``profile``, with the overrides it knows; a
+    setting that no audit knows is a ``ValueError`` naming it."""
+    from dpverify.config import OVERRIDABLE, profile_config
+    from dpverify.language import LANGUAGE_SETTINGS, language_config_like
+
+    unknown = sorted(set(overrides) - set(OVERRIDABLE) - set(LANGUAGE_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown audit setting(s) {', '.join(unknown)}; known: {', '.join(sorted(set(OVERRIDABLE) | set(LANGUAGE_SETTINGS)))}")
+    if implementation.info.task == "language":
+        config = language_config_like(profile_config(profile))
+        return config.with_overrides(**{k: v for k, v in overrides.items() if k in LANGUAGE_SETTINGS})
+    return profile_config(profile, **{k: v for k, v in overrides.items() if k in OVERRIDABLE})

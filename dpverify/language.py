@@ -278,10 +278,11 @@ class LanguageAuditConfig:
         ``guesses``/``sides``, ``confidence``, ``seed`` and ``device``; unknown names are a ``ValueError``."""
         canary_names = {f.name for f in dataclasses.fields(TokenCanaryConfig)}
         architecture_names = {f.name for f in dataclasses.fields(TransformerArchitecture)}
-        known = canary_names | architecture_names | set(HYPERPARAMETER_FIELDS) | {"epsilon", "guesses", "sides", *TOP_NAMES}
-        unknown = sorted(set(overrides) - known)
+        unknown = sorted(set(overrides) - set(LANGUAGE_SETTINGS))
         if unknown:
-            raise ValueError(f"unknown language audit setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"unknown language audit setting(s) {', '.join(unknown)}; known: {', '.join(LANGUAGE_SETTINGS)}"
+            )
         return dataclasses.replace(
             self,
             canaries=dataclasses.replace(self.canaries, **{k: v for k, v in overrides.items() if k in canary_names}),
@@ -299,6 +300,15 @@ class LanguageAuditConfig:
 
 #: Settings of the audit itself rather than of its canaries, model or training.
 TOP_NAMES = ("design", "confidence", "seed", "device")
+#: Every flat name :meth:`LanguageAuditConfig.with_overrides` takes.
+LANGUAGE_SETTINGS: tuple[str, ...] = tuple(
+    sorted(
+        {f.name for f in dataclasses.fields(TokenCanaryConfig)}
+        | {f.name for f in dataclasses.fields(TransformerArchitecture)}
+        | set(HYPERPARAMETER_FIELDS)
+        | {"epsilon", "guesses", "sides", *TOP_NAMES}
+    )
+)
 
 
 def language_config_like(config: Any) -> LanguageAuditConfig:

@@ -40,3 +40,19 @@ def test_audit_runs_and_reports(tmp_path, capsys):
     # Without noise the 200 canaries are memorised outright: ε_L sits at the audit's ceiling, far above 2.
     assert audit["implementation"] == "opacus-no-noise" and audit["verdict"] == "violation"
     assert "opacus-no-noise" in out and code == 0
+
+
+def test_set_routes_each_setting_to_the_audit_that_knows_it():
+    from dpverify.cli import _config_for, _settings
+    from dpverify.registry import get_implementation
+
+    overrides = {"m": 300, **_settings(["prefix_length=6", "num_tags=50", "trigger_mode=gaussian"])}
+    assert overrides["prefix_length"] == 6 and overrides["trigger_mode"] == "gaussian"
+    language = _config_for(get_implementation("opacus-lm"), "quick", overrides)
+    assert (language.canaries.m, language.canaries.prefix_length) == (300, 6)
+    classifier = _config_for(get_implementation("opacus-ghost"), "quick", {**overrides, "design": "multitask"})
+    assert (classifier.data.m, classifier.data.num_tags, classifier.data.trigger_mode) == (300, 50, "gaussian")
+    with pytest.raises(ValueError, match="unknown audit setting.*prefix_lenght"):
+        _config_for(get_implementation("opacus-ghost"), "quick", {"prefix_lenght": 6})
+    with pytest.raises(ValueError, match="--set takes NAME=VALUE"):
+        _settings(["m"])
