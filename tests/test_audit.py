@@ -127,7 +127,8 @@ def test_package_exports_load_lazily():
 
 
 def test_the_black_boxs_answering_time_is_not_the_auditors():
-    """A black box that takes 0.3 s to answer makes the audit at least 0.3 s long, none of it the auditor's."""
+    """A black box that takes 0.5 s to answer: those seconds count in the audit, none in the auditor's share.
+    An accounting identity (the auditor's time is measured inside the total), not a speed claim."""
     import dataclasses
     import time
 
@@ -136,10 +137,10 @@ def test_the_black_boxs_answering_time_is_not_the_auditors():
             trained = super().train(request)
 
             def slow_predict(features):
-                time.sleep(0.3)
+                time.sleep(0.5)
                 return trained.predict_log_proba(features)
 
             return dataclasses.replace(trained, predict_log_proba=slow_predict)
 
     result = run_audit(Slow(), profile_config("quick", m=200, dimension=200, device="cpu"))
-    assert result.seconds >= 0.3 and result.auditor_seconds < 0.25
+    assert result.auditor_seconds <= result.seconds - 0.5
