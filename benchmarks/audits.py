@@ -30,7 +30,7 @@ from typing import Iterable
 
 from scipy import stats
 
-from dpverify.audit import resolve_device, run_audit
+from dpverify.audits.steps import resolve_device, run_audit
 from dpverify.config import PROFILE_NAMES, AuditConfig, profile_config
 from dpverify.contract import Implementation, ImplementationInfo, PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.registry import get_implementation, registered_implementations

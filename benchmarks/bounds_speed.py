@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpverify.accounting import add_remove_epsilon, replace_one_epsilon
-from dpverify.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound, optimal_epsilon
-from dpverify.scoring import GuessRule, count_correct, guesses_from_scores, self_comparison_scores
+from dpverify.stats.accounting import add_remove_epsilon, replace_one_epsilon
+from dpverify.stats.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound, optimal_epsilon
+from dpverify.stats.scoring import GuessRule, count_correct, guesses_from_scores, self_comparison_scores
 
 DELTA = 1e-5
 OUTPUT = Path(__file__).parent / "results" / "bounds_speed.md"

@@ -4,7 +4,7 @@
 
 Writes ``benchmarks/results/language.md`` (``language-cuda.md`` on a GPU) stating the device, the date
 and the command: for each canary mode, claimed ε and seed, one pair-design audit of ``opacus-lm`` under
-the quick :class:`~dpverify.language.LanguageAuditConfig`, with the claim in the pair design's relation
+the quick :class:`~dpverify.audits.language.LanguageAuditConfig`, with the claim in the pair design's relation
 (replace-one) and Opacus' own add/remove ε beside it; then seconds per audit in Opacus' two per-sample
 gradient modes. Numbers here are measurements, never test assertions.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from audits import EPSILONS, _table, _write  # benchmarks/ is the script's directory
 
-from dpverify.audit import resolve_device
-from dpverify.language import LanguageAuditConfig, run_language_audit
+from dpverify.audits.steps import resolve_device
+from dpverify.audits.language import LanguageAuditConfig, run_language_audit
 from dpverify_opacus import language_implementations
 
 RESULTS = Path(__file__).resolve().parent / "results"

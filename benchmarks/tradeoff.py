@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpverify.audit import resolve_device, run_audit
+from dpverify.audits.steps import resolve_device, run_audit
 from dpverify.config import DATA_DESIGNS, profile_config
 from dpverify.registry import get_implementation
 

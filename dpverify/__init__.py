@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AuditConfig": "dpverify.config",
     "profile_config": "dpverify.config",
-    "run_audit": "dpverify.audit",
+    "run_audit": "dpverify.audits.steps",
     "AuditResult": "dpverify.results",
     "DPViolation": "dpverify.results",
     "AuditError": "dpverify.results",
@@ -23,12 +23,12 @@ _EXPORTS = {
     "register_implementation": "dpverify.registry",
     "get_implementation": "dpverify.registry",
     "registered_implementations": "dpverify.registry",
-    "LanguageAuditConfig": "dpverify.language",
-    "run_language_audit": "dpverify.language",
-    "SequenceRequest": "dpverify.language",
-    "SequenceModel": "dpverify.language",
-    "epsilon_lower_bound": "dpverify.bounds",
-    "optimal_epsilon": "dpverify.bounds",
+    "LanguageAuditConfig": "dpverify.audits.language",
+    "run_language_audit": "dpverify.audits.language",
+    "SequenceRequest": "dpverify.audits.language",
+    "SequenceModel": "dpverify.audits.language",
+    "epsilon_lower_bound": "dpverify.stats.bounds",
+    "optimal_epsilon": "dpverify.stats.bounds",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from dpverify import options
+from dpverify.pytest import options
 from dpverify.config import DESIGNS
 
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bound(args: argparse.Namespace) -> int:
-    from dpverify.bounds import epsilon_lower_bound, optimal_epsilon
+    from dpverify.stats.bounds import epsilon_lower_bound, optimal_epsilon
 
     kwargs = dict(delta=args.delta, confidence=args.confidence)
     epsilon = epsilon_lower_bound(args.m, args.guesses, args.correct, **kwargs)
@@ -88,7 +88,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from dpverify.audit import run_audit
+    from dpverify.audits.steps import run_audit
     from dpverify.registry import registered_implementations
     from dpverify.session import AuditSession, outcome_as_expected
 
@@ -171,7 +171,7 @@ def _config_for(implementation, profile: str, overrides: dict[str, object]):
     """The audit config of ``implementation``'s task from ``profile``, with the overrides it knows; a
     setting that no audit knows is a ``ValueError`` naming it."""
     from dpverify.config import OVERRIDABLE, profile_config
-    from dpverify.language import LANGUAGE_SETTINGS, language_config_like
+    from dpverify.audits.language import LANGUAGE_SETTINGS, language_config_like
 
     unknown = sorted(set(overrides) - set(OVERRIDABLE) - set(LANGUAGE_SETTINGS))
     if unknown:

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dpverify._validation import check_choice, check_int, check_probability
-from dpverify.canaries import CanaryConfig
+from dpverify.canaries.synthetic import CanaryConfig
 from dpverify.contract import DPHyperparameters, MLPArchitecture
-from dpverify.multitask import DataAuditConfig
-from dpverify.scoring import SCORE_KINDS, GuessRule
+from dpverify.canaries.tagged import DataAuditConfig
+from dpverify.stats.scoring import SCORE_KINDS, GuessRule
 
 Design = Literal["inclusion", "pair", "multitask", "in_distribution", "mislabeled"]
 #: Designs on real data (``config.data``): UniAud++ and the two O(1) baselines it is compared with.
@@ -39,7 +39,7 @@ class AuditConfig:
     is then converted to replace-one from the run's (σ, q, steps, δ). ``confidence`` is this audit's own.
 
     Data-dependent designs (Case II: the model must also be useful) audit on ``data`` (real records,
-    :class:`~dpverify.multitask.DataAuditConfig`) and report the main task's test accuracy:
+    :class:`~dpverify.canaries.tagged.DataAuditConfig`) and report the main task's test accuracy:
     ``multitask`` is UniAud++ (Algorithm 3 triggers and tags on a separate tag head, Algorithm 2's
     self-comparison on the tags, replace-one); ``in_distribution`` and ``mislabeled`` are Steinke et al.'s
     O(1) audit with m real records (correctly or wrongly labelled) each included with probability ½,

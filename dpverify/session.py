@@ -64,7 +64,7 @@ class AuditSession:
                 self.results.append(result)
 
     def header(self) -> str:
-        from dpverify.audit import resolve_device
+        from dpverify.audits.steps import resolve_device
 
         return (
             f"dpverify: DP audits on (profile {self.profile}, seed {self.seed}, device {resolve_device(self.device)}, "

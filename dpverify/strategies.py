@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from dpverify._validation import check_int, check_real
-from dpverify.canaries import CANARY_MODES, CanaryConfig
+from dpverify.canaries.synthetic import CANARY_MODES, CanaryConfig
 from dpverify.config import DESIGNS, AuditConfig, profile_config
 from dpverify.contract import DPHyperparameters, MLPArchitecture
-from dpverify.multitask import DataAuditConfig
+from dpverify.canaries.tagged import DataAuditConfig
 
 #: No deadline (an example trains a model), few examples, derandomized where ``CI`` is set.
 audit_settings = settings(

@@ -1,4 +1,4 @@
-"""Tests of dpverify.accounting against dp_accounting, closed forms and each other."""
+"""Tests of dpverify.stats.accounting against dp_accounting, closed forms and each other."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from dp_accounting import pld, rdp
 from scipy import optimize, stats
 
-from dpverify.accounting import _Pair, add_remove_epsilon, replace_one_epsilon
+from dpverify.stats.accounting import _Pair, add_remove_epsilon, replace_one_epsilon
 
 DELTA = 1e-5
 # (σ, q, steps): typical audit settings, kept where dp_accounting's own PLD runs in well under a second.

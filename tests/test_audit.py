@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from dpverify.audit import audit_ceiling, canaries_needed, run_audit
+from dpverify.audits.steps import audit_ceiling, canaries_needed, run_audit
 from dpverify.config import AuditConfig, profile_config
 from dpverify.results import DPViolation
 from tests.doubles import Broken, Memoriser, Oblivious
@@ -97,8 +97,8 @@ def fresh_python(code):
 
 
 def test_the_engine_imports_no_deep_learning_framework():
-    code = "import dpverify.audit, dpverify.bounds, dpverify.accounting, dpverify.plugin, dpverify.language, " \
-           "dpverify.data_audit, dpverify.multitask, sys; " \
+    code = "import dpverify.audits.steps, dpverify.stats.bounds, dpverify.stats.accounting, dpverify.pytest.plugin, dpverify.audits.language, " \
+           "dpverify.audits.data_dependent, dpverify.canaries.tagged, sys; " \
            "print(sorted(m for m in ('torch', 'tensorflow', 'opacus', 'jax') if m in sys.modules))"
     assert fresh_python(code) == "[]"
 

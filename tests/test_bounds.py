@@ -1,4 +1,4 @@
-"""Tests of dpverify.bounds: golden values, a plain reference implementation, properties, soundness."""
+"""Tests of dpverify.stats.bounds: golden values, a plain reference implementation, properties, soundness."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpverify.bounds import (
+from dpverify.stats.bounds import (
     clopper_pearson_epsilon,
     epsilon_lower_bound,
     fdp_epsilon_lower_bound,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpverify.canaries import CanaryConfig, make_canaries
+from dpverify.canaries.synthetic import CanaryConfig, make_canaries
 
 
 def draw(seed=0, **settings):

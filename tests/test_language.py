@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dpverify.contract import DPHyperparameters, ImplementationInfo, PrivacyClaim
-from dpverify.language import (
+from dpverify.audits.language import (
     LanguageAuditConfig,
     LanguageImplementation,
     SequenceModel,
@@ -157,7 +157,7 @@ class Recorder(LanguageImplementation):
 
 
 def test_inclusion_design_trains_exactly_the_canaries_whose_bit_is_plus_one():
-    from dpverify.audit import audit_streams
+    from dpverify.audits.steps import audit_streams
 
     """The secret bits select the training set and nothing else reaches the trainer; with a black box that
     prefers nothing, no guess count beats chance, so a correct claim passes."""
@@ -182,7 +182,7 @@ def test_overrides_route_to_their_part_and_unknown_names_are_refused():
 
 def test_a_classification_config_carries_its_privacy_target_level_seed_and_device():
     from dpverify.config import profile_config
-    from dpverify.language import language_config_like
+    from dpverify.audits.language import language_config_like
 
     classification = profile_config("quick", epsilon=4.0, seed=9, confidence=0.99, device="cpu", guesses=20)
     config = language_config_like(classification)
@@ -194,7 +194,7 @@ def test_a_classification_config_carries_its_privacy_target_level_seed_and_devic
 
 
 def test_run_audit_sends_a_language_implementation_to_the_language_audit():
-    from dpverify.audit import run_audit
+    from dpverify.audits.steps import run_audit
     from dpverify.config import profile_config
 
     result = run_audit(WrongShape(), profile_config("quick", device="cpu"))

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("opacus")
 
 from dpverify.contract import DPHyperparameters  # noqa: E402
-from dpverify.language import (  # noqa: E402
+from dpverify.audits.language import (  # noqa: E402
     LanguageAuditConfig,
     SequenceRequest,
     TokenCanaryConfig,

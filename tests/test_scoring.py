@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dpverify.scoring import (
+from dpverify.stats.scoring import (
     GuessRule,
     count_correct,
     guesses_from_scores,

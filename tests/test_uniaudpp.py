@@ -12,8 +12,8 @@ pytest.importorskip("sklearn")
 from dpverify.config import AuditConfig, profile_config  # noqa: E402
 from dpverify.contract import DPHyperparameters, TrainingRequest  # noqa: E402
 from dpverify.datasets import load_dataset  # noqa: E402
-from dpverify.multitask import DataAuditConfig, draw_distinct_tags, make_multitask_data  # noqa: E402
-from dpverify.scoring import self_comparison_scores  # noqa: E402
+from dpverify.canaries.tagged import DataAuditConfig, draw_distinct_tags, make_multitask_data  # noqa: E402
+from dpverify.stats.scoring import self_comparison_scores  # noqa: E402
 
 SPLIT = load_dataset("digits", test_fraction=0.25, seed=0)
 

@@ -8,8 +8,8 @@ pytest.importorskip("sklearn")
 pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-from dpverify.audit import run_audit  # noqa: E402
-from dpverify.bounds import epsilon_lower_bound  # noqa: E402
+from dpverify.audits.steps import run_audit  # noqa: E402
+from dpverify.stats.bounds import epsilon_lower_bound  # noqa: E402
 from dpverify.cli import main  # noqa: E402
 from dpverify.config import profile_config  # noqa: E402
 from dpverify.registry import get_implementation  # noqa: E402

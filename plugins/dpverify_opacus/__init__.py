@@ -10,7 +10,7 @@ Each variant (``opacus-no-noise``, ...) changes one rule of a correct DP-SGD ste
 noise divided by k, for benchmarks of the smallest noise deficit an audit catches.
 
 ``opacus-lm`` (and ``opacus-lm-no-noise``) train a small causal transformer on token canaries through the
-language-model contract (:mod:`dpverify.language`), with the same engine and the same tweaks.
+language-model contract (:mod:`dpverify.audits.language`), with the same engine and the same tweaks.
 
 Importing this package is cheap: torch and opacus are imported inside the implementations' ``train``.
 """
@@ -72,7 +72,7 @@ class OpacusLanguageImplementation(OpacusImplementation):
     """Opacus' PrivacyEngine training the causal transformer of the language-model contract, with an
     optional tweak (a buggy variant) named as in :data:`dpverify_opacus.variants.TWEAKS`."""
 
-    def train(self, request):  # a dpverify.language.SequenceRequest -> SequenceModel
+    def train(self, request):  # a dpverify.audits.language.SequenceRequest -> SequenceModel
         from dpverify_opacus._language import train_opacus_language
 
         return train_opacus_language(

@@ -26,7 +26,7 @@ class DPAuditItem(pytest.Item):
         return self.config.stash[SESSION_KEY]
 
     def runtest(self) -> None:
-        from dpverify.fixture import audit_config, execute_audit, raise_for_verdict, reproduce_hint
+        from dpverify.pytest.fixture import audit_config, execute_audit, raise_for_verdict, reproduce_hint
         from dpverify.registry import get_implementation
 
         session = self.audit_session

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from dpverify.audit import (
+from dpverify.audits.steps import (
     AuditClock,
     Progress,
     audit_through_contract,
@@ -30,9 +30,9 @@ from dpverify.audit import (
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, TrainedModel, TrainingRequest
 from dpverify.datasets import DatasetSplit, load_dataset
-from dpverify.multitask import check_audit_size, make_multitask_data
+from dpverify.canaries.tagged import check_audit_size, make_multitask_data
 from dpverify.results import AuditResult
-from dpverify.scoring import loss_scores, self_comparison_scores
+from dpverify.stats.scoring import loss_scores, self_comparison_scores
 
 def main_task_accuracy(trained: TrainedModel, features: np.ndarray, labels: np.ndarray, num_classes: int) -> float:
     """Accuracy of the main head's most likely class on the held-out split."""

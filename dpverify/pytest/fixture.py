@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from dpverify.audit import run_audit
+from dpverify.audits.steps import run_audit
 from dpverify.config import OVERRIDABLE, AuditConfig, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_real
-from dpverify.canaries import CANARY_MODES, CanaryConfig, make_canaries
+from dpverify.canaries.synthetic import CANARY_MODES, CanaryConfig, make_canaries
 from dpverify.datasets import DATASETS, DatasetSplit
 
 TriggerMode = Literal["orthogonal", "gaussian"]

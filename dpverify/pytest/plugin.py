@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dpverify import options
+from dpverify.pytest import options
 from dpverify.session import RESULT_PROPERTY, RESULTS_KEY, SESSION_KEY, AuditSession, outcome_as_expected
 
 MARKER_HELP = (
@@ -69,7 +69,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    from dpverify.items import DPAuditItem
+    from dpverify.pytest.items import DPAuditItem
     from dpverify.registry import is_bundled, registered_implementations
 
     audit_session = config.stash[SESSION_KEY]
@@ -111,7 +111,7 @@ def _marker_settings(item: pytest.Item) -> dict[str, Any]:
         merged.update(marker.kwargs)
     if not merged:
         return merged
-    from dpverify.fixture import MARKER_KEYWORDS
+    from dpverify.pytest.fixture import MARKER_KEYWORDS
 
     unknown = sorted(set(merged) - set(MARKER_KEYWORDS))
     if unknown:
@@ -128,7 +128,7 @@ def _marker_settings(item: pytest.Item) -> dict[str, Any]:
 @pytest.fixture
 def dp_audit(request: pytest.FixtureRequest) -> Any:
     """Run audits from your own tests: ``dp_audit(implementation, config=None, **settings) -> AuditResult``."""
-    from dpverify.fixture import DPAudit, audit_config
+    from dpverify.pytest.fixture import DPAudit, audit_config
 
     session = request.config.stash[SESSION_KEY]
     if not session.enabled:

@@ -23,7 +23,7 @@ the fresh one (S = −1), and scores
     score_i = Σ_{t ∈ suffix} log p(shown_t | shown_<t) − Σ_{t ∈ suffix} log p(other_t | other_<t);
 
 it bounds the *replace-one* ε (one sequence's suffix replaced), so the claim is converted with
-:func:`dpverify.audit.claim_in_relation`. The inclusion design is the default because a replace-one claim
+:func:`dpverify.audits.steps.claim_in_relation`. The inclusion design is the default because a replace-one claim
 is about twice the add/remove one, which the same m canaries can refute far less often.
 One sequence is the privacy unit. This module imports numpy (and dpverify's numpy/scipy modules) only.
 """
@@ -39,7 +39,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_probability
-from dpverify.audit import (
+from dpverify.audits.steps import (
     AuditClock,
     Progress,
     audit_streams,
@@ -52,7 +52,7 @@ from dpverify.audit import (
 from dpverify.config import DESIGN_RELATION, DEVICES, HYPERPARAMETER_FIELDS, override_guess_rule, override_hyperparameters
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim
 from dpverify.results import AuditResult
-from dpverify.scoring import GuessRule
+from dpverify.stats.scoring import GuessRule
 
 TokenCanaryMode = Literal["repeated", "new_token"]
 TOKEN_CANARY_MODES: tuple[str, ...] = ("repeated", "new_token")
@@ -269,7 +269,7 @@ class LanguageAuditConfig:
 
     @property
     def audit_size(self) -> int:
-        """m, the number of canaries the bound counts (what :func:`dpverify.audit.audit_ceiling` reads)."""
+        """m, the number of canaries the bound counts (what :func:`dpverify.audits.steps.audit_ceiling` reads)."""
         return self.canaries.m
 
     def with_overrides(self, **overrides: Any) -> LanguageAuditConfig:

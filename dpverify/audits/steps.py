@@ -1,7 +1,7 @@
 """One audit, end to end: canaries, one training run through the contract, scores, guesses, bound, verdict.
 
 The steps every design shares are public, so that other audits (the data-dependent designs in
-:mod:`dpverify.data_audit`, a language-model audit) reuse them rather than copy them:
+:mod:`dpverify.audits.data_dependent`, a language-model audit) reuse them rather than copy them:
 :func:`audit_through_contract` (train, claim, score, conclude) and its parts :func:`result_fields`,
 :func:`train_through_contract`, :func:`query_black_box`, :func:`claimed_epsilon`, :func:`guess_and_bound`,
 :func:`decide_verdict`, :func:`concluded_result` and :func:`error_result`; :func:`draw_membership`. A
@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dpverify.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
-from dpverify.canaries import make_canaries
+from dpverify.stats.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
+from dpverify.canaries.synthetic import make_canaries
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.results import AuditResult
-from dpverify.scoring import (
+from dpverify.stats.scoring import (
     GuessRule,
     count_correct,
     guesses_from_scores,
@@ -82,7 +82,7 @@ def claim_in_relation(claim: PrivacyClaim, relation: str) -> tuple[float, str]:
     """
     if claim.relation == relation:
         return claim.epsilon, f"as stated by {claim.accountant}"
-    from dpverify import accounting
+    from dpverify.stats import accounting
 
     convert = accounting.replace_one_epsilon if relation == "replace_one" else accounting.add_remove_epsilon
     derived = convert(
@@ -177,7 +177,7 @@ def error_result(fields: dict[str, Any], config: AuditConfig, failure: AuditFail
 
 def train_through_contract(implementation: Implementation, request: Any, *, returns: type = TrainedModel) -> Any:
     """``implementation.train(request)``, checked to return a ``returns`` (the contract's black-box type:
-    :class:`TrainedModel`, or :class:`dpverify.language.SequenceModel` for a language model) with a claim."""
+    :class:`TrainedModel`, or :class:`dpverify.audits.language.SequenceModel` for a language model) with a claim."""
     try:
         trained = implementation.train(request)
     except Exception as exc:  # the implementation's failure is the audit's verdict, not a crash
@@ -367,11 +367,11 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
     A failure in training, in the black box or in the claim ends as verdict ``error``. Seeds: one
     :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits' and
     the trainer's streams, so the same seed repeats the whole audit on the same device. Data-dependent
-    designs run :func:`dpverify.data_audit.run_data_audit`; a language-model implementation runs
-    :func:`dpverify.language.run_language_audit` with this config's privacy target, level, seed and device.
+    designs run :func:`dpverify.audits.data_dependent.run_data_audit`; a language-model implementation runs
+    :func:`dpverify.audits.language.run_language_audit` with this config's privacy target, level, seed and device.
     """
     if implementation.info.task == "language":
-        from dpverify.language import language_config_like, run_language_audit
+        from dpverify.audits.language import language_config_like, run_language_audit
 
         return run_language_audit(implementation, language_config_like(config), progress=progress)
     if not isinstance(config, AuditConfig):
@@ -380,7 +380,7 @@ def run_audit(implementation: Implementation, config: AuditConfig, *, progress: 
             f"got {type(config).__name__}"
         )
     if config.is_data_dependent:
-        from dpverify.data_audit import run_data_audit
+        from dpverify.audits.data_dependent import run_data_audit
 
         return run_data_audit(implementation, config, progress=progress)
     say = progress or (lambda message: None)
