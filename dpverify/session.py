@@ -1,4 +1,5 @@
-"""Session state of the plugin: the level shared among audits, the seed, and the gathered results.
+"""A session of audits, framework-free (the pytest plugin and the CLI share it): the level shared among
+audits, the seed, the gathered results, the terminal table and the JSON report.
 
 The session promises: a correct implementation fails *anywhere* in the session with probability at most
 ``1 − confidence``. At collection every audit that could raise a false alarm is counted (one per
@@ -6,7 +7,6 @@ ready-made audit of an implementation expected to be private, ``audits=N`` from 
 a Hypothesis test's ``max_examples``) and each audit gets confidence ``1 − (1 − confidence)/N``
 (Bonferroni), so the union bound holds whichever audits fail. Audits of declared buggy variants fail the
 session only when they are *not* refuted, so they take no share of the level.
-Results travel as JSON on test reports, so the summary also works under pytest-xdist.
 """
 
 from __future__ import annotations
@@ -17,14 +17,6 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import pytest
-
-#: Name of the user property that carries one audit's JSON on a test report.
-RESULT_PROPERTY = "dp_audit_result"
-#: Where an item keeps the results of the audits it ran until its report is made.
-RESULTS_KEY = pytest.StashKey[list]()
-SESSION_KEY = pytest.StashKey["AuditSession"]()
 
 
 @dataclass(eq=False)
@@ -54,21 +46,20 @@ class AuditSession:
 
         return not self.implementations or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.implementations)
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Gather results from reports: in-process, or from every worker in the xdist controller (which
-        collects nothing itself, so it learns the planned count from the workers' results)."""
-        for name, value in report.user_properties:
-            if name == RESULT_PROPERTY:
-                result = json.loads(value)
-                self.planned_audits = max(self.planned_audits, result.pop("planned_audits", 0))
-                self.results.append(result)
+    def gather(self, result: dict[str, Any]) -> None:
+        """Add one audit's JSON result; a result that carries ``planned_audits`` (from an xdist worker, the
+        only place that collects and counts) raises the plan to it."""
+        result = dict(result)
+        self.planned_audits = max(self.planned_audits, result.pop("planned_audits", 0))
+        self.results.append(result)
 
-    def header(self) -> str:
+    def header(self, *, rerun: str) -> str:
+        """The run's settings in one line, ending with how to ``rerun`` it (the face's own flag)."""
         from dpverify.audits.steps import resolve_device
 
         return (
             f"dpverify: DP audits on (profile {self.profile}, seed {self.seed}, device {resolve_device(self.device)}, "
-            f"session confidence {self.confidence:g}); rerun with --dp-audit-seed {self.seed}"
+            f"session confidence {self.confidence:g}); rerun with {rerun}"
         )
 
     def report(self) -> dict[str, Any]:

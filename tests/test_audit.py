@@ -4,7 +4,8 @@ import sys
 import numpy as np
 import pytest
 
-from dpverify.audits.steps import audit_ceiling, canaries_needed, run_audit
+from dpverify.audits import run_audit
+from dpverify.audits.steps import audit_ceiling, canaries_needed
 from dpverify.config import AuditConfig, profile_config
 from dpverify.results import DPViolation
 from tests.doubles import Broken, Memoriser, Oblivious

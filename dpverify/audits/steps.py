@@ -1,11 +1,14 @@
-"""One audit, end to end: canaries, one training run through the contract, scores, guesses, bound, verdict.
+"""The steps every audit shares, whatever its canaries and task: the lowest floor of :mod:`dpverify.audits`.
 
-The steps every design shares are public, so that other audits (the data-dependent designs in
-:mod:`dpverify.audits.data_dependent`, a language-model audit) reuse them rather than copy them:
-:func:`audit_through_contract` (train, claim, score, conclude) and its parts :func:`result_fields`,
-:func:`train_through_contract`, :func:`query_black_box`, :func:`claimed_epsilon`, :func:`guess_and_bound`,
-:func:`decide_verdict`, :func:`concluded_result` and :func:`error_result`; :func:`draw_membership`. A
-step that fails raises :class:`AuditFailure`, which the audit turns into verdict ``error``.
+A design (:mod:`~dpverify.audits.classification`, :mod:`~dpverify.audits.data_dependent`,
+:mod:`~dpverify.audits.language`) builds its request and its scorer from these steps:
+:func:`audit_streams` (seeds), :func:`membership_before_training` / :func:`membership_after_training` (the
+secret bits, drawn when the design's relation needs them), :func:`present_pair` (Algorithm 2's "show the
+trained or the fresh value"), then :func:`audit_through_contract` (train, claim, score, conclude) with its
+parts :func:`train_through_contract`, :func:`query_black_box`, :func:`claimed_epsilon`,
+:func:`guess_and_bound`, :func:`decide_verdict`, :func:`concluded_result` and :func:`error_result`. A step
+that fails raises :class:`AuditFailure`, which the audit turns into verdict ``error``. Nothing here knows a
+design by name, and nothing here imports a design.
 """
 
 from __future__ import annotations
@@ -14,25 +17,35 @@ import math
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from dpverify.stats.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
-from dpverify.canaries.synthetic import make_canaries
-from dpverify.config import AuditConfig
-from dpverify.contract import Implementation, PrivacyClaim, TrainedModel, TrainingRequest
+from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel
 from dpverify.results import AuditResult
-from dpverify.stats.scoring import (
-    GuessRule,
-    count_correct,
-    guesses_from_scores,
-    loss_scores,
-    mean_comparison_scores,
-    self_comparison_scores,
-)
+from dpverify.stats.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
+from dpverify.stats.scoring import GuessRule, count_correct, guesses_from_scores
 
 Progress = Callable[[str], None]
+
+
+class AuditSettings(Protocol):
+    """What the shared steps read of a design's config (:class:`dpverify.config.AuditConfig`,
+    :class:`dpverify.audits.language.LanguageAuditConfig`)."""
+
+    design: str
+    confidence: float
+    seed: int
+    guess_rule: GuessRule
+    hyperparameters: DPHyperparameters
+
+    @property
+    def relation(self) -> str: ...
+
+    @property
+    def audit_size(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 #: Largest m :func:`canaries_needed` looks at; past it the δ term 2mδ of Theorem 1 dominates anyway.
 MAX_CANARIES = 10_000_000
@@ -49,7 +62,7 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def audit_ceiling(config: AuditConfig, m: int | None = None) -> float:
+def audit_ceiling(config: AuditSettings, m: int | None = None) -> float:
     """ε_O of this audit: the largest ε_L its guess rule could report, every guess correct."""
     m = config.audit_size if m is None else m
     counts = config.guess_rule.counts(m)
@@ -57,7 +70,7 @@ def audit_ceiling(config: AuditConfig, m: int | None = None) -> float:
     return float(np.max(epsilon_lower_bound(m, counts, counts, delta=config.hyperparameters.delta, confidence=confidence)))
 
 
-def canaries_needed(config: AuditConfig, claimed_epsilon: float) -> int | None:
+def canaries_needed(config: AuditSettings, claimed_epsilon: float) -> int | None:
     """Smallest m whose ceiling exceeds ``claimed_epsilon`` (None when no m up to MAX_CANARIES does)."""
     if not math.isfinite(claimed_epsilon):
         return None
@@ -142,7 +155,7 @@ class _TimedBlackBoxes:
         return timed
 
 
-def result_fields(implementation: Implementation, config: AuditConfig, m: int) -> dict[str, Any]:
+def result_fields(implementation: Implementation, config: AuditSettings, m: int) -> dict[str, Any]:
     """The :class:`AuditResult` fields every outcome of this audit shares."""
     return dict(
         implementation=implementation.info.name,
@@ -158,7 +171,7 @@ def result_fields(implementation: Implementation, config: AuditConfig, m: int) -
     )
 
 
-def error_result(fields: dict[str, Any], config: AuditConfig, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
+def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
     """Verdict ``error``: the audit could not run because ``failure`` happened."""
     return AuditResult(
         **fields,
@@ -175,9 +188,9 @@ def error_result(fields: dict[str, Any], config: AuditConfig, failure: AuditFail
     )
 
 
-def train_through_contract(implementation: Implementation, request: Any, *, returns: type = TrainedModel) -> Any:
+def train_through_contract(implementation: Implementation, request: Request, *, returns: type = TrainedModel) -> Any:
     """``implementation.train(request)``, checked to return a ``returns`` (the contract's black-box type:
-    :class:`TrainedModel`, or :class:`dpverify.audits.language.SequenceModel` for a language model) with a claim."""
+    :class:`TrainedModel`, or :class:`~dpverify.contract.SequenceModel` for a language model) with a claim."""
     try:
         trained = implementation.train(request)
     except Exception as exc:  # the implementation's failure is the audit's verdict, not a crash
@@ -251,7 +264,7 @@ def guess_and_bound(
     return GuessOutcome(guesses, correct, lower_bound, fdp_bound, rows)
 
 
-def decide_verdict(config: AuditConfig, lower_bound: float, claimed: float, m: int) -> tuple[str, int | None]:
+def decide_verdict(config: AuditSettings, lower_bound: float, claimed: float, m: int) -> tuple[str, int | None]:
     """``(verdict, canaries needed)``: violation when ε_L exceeds the claim, undecided when the claim is
     at or above this audit's ceiling ε_O (with the m that would decide it), else pass."""
     if lower_bound > claimed:
@@ -263,7 +276,7 @@ def decide_verdict(config: AuditConfig, lower_bound: float, claimed: float, m: i
 
 def concluded_result(
     fields: dict[str, Any],
-    config: AuditConfig,
+    config: AuditSettings,
     trained: TrainedModel,
     scores: np.ndarray,
     membership: np.ndarray,
@@ -308,8 +321,8 @@ Scorer = Callable[[TrainedModel], "tuple[np.ndarray, np.ndarray, float | None]"]
 
 def audit_through_contract(
     implementation: Implementation,
-    config: AuditConfig,
-    request: TrainingRequest,
+    config: AuditSettings,
+    request: Request,
     score: Scorer,
     *,
     m: int,
@@ -351,73 +364,26 @@ def audit_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, 
     )
 
 
-def membership_before_training(design: str, rng: np.random.Generator, m: int) -> tuple[np.ndarray | None, np.ndarray]:
-    """``(bits drawn now or None, canaries to train on)``. Inclusion: the bits are drawn before training
-    and pick the training set. Pair: every canary is trained on and the bits are drawn after training
-    (Algorithm 2), so the trainer cannot depend on them."""
-    if design == "inclusion":
+def membership_before_training(relation: str, rng: np.random.Generator, m: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(bits drawn now or None, which of the m records to train on)``, by the relation the design tests.
+
+    add/remove: the bits are drawn before training and S_i = +1 puts record i in the training set.
+    replace-one (Algorithm 2): every record is trained on and the bits are drawn after training
+    (:func:`membership_after_training`), so the trainer cannot depend on them."""
+    if relation == "add_remove":
         drawn = draw_membership(rng, m)
         return drawn, drawn == 1
     return None, np.ones(m, dtype=bool)
 
 
-def run_audit(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
-    """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
+def membership_after_training(drawn_before: np.ndarray | None, rng: np.random.Generator, m: int) -> np.ndarray:
+    """The secret bits once the model is trained: those drawn before training, or m drawn now."""
+    return drawn_before if drawn_before is not None else draw_membership(rng, m)
 
-    A failure in training, in the black box or in the claim ends as verdict ``error``. Seeds: one
-    :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits' and
-    the trainer's streams, so the same seed repeats the whole audit on the same device. Data-dependent
-    designs run :func:`dpverify.audits.data_dependent.run_data_audit`; a language-model implementation runs
-    :func:`dpverify.audits.language.run_language_audit` with this config's privacy target, level, seed and device.
-    """
-    if implementation.info.task == "language":
-        from dpverify.audits.language import language_config_like, run_language_audit
 
-        return run_language_audit(implementation, language_config_like(config), progress=progress)
-    if not isinstance(config, AuditConfig):
-        raise TypeError(
-            f"{implementation.info.name} trains a classifier; audit it with a dpverify.config.AuditConfig, "
-            f"got {type(config).__name__}"
-        )
-    if config.is_data_dependent:
-        from dpverify.audits.data_dependent import run_data_audit
-
-        return run_data_audit(implementation, config, progress=progress)
-    say = progress or (lambda message: None)
-    clock = AuditClock(time.perf_counter())
-    device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
-    auditor_started = time.perf_counter()
-    canary_rng, membership_rng, training_seed = audit_streams(config.seed)
-    canaries = make_canaries(config.canaries, rng=canary_rng)
-    m = canaries.m
-    drawn_before, trained_on = membership_before_training(config.design, membership_rng, m)
-    request = TrainingRequest(
-        features=canaries.features[trained_on],
-        labels=canaries.labels[trained_on],
-        num_classes=canaries.num_classes,
-        architecture=config.architecture,
-        hyperparameters=config.hyperparameters,
-        seed=training_seed,
-        device=device,
-    )
-    clock.auditor_seconds = time.perf_counter() - auditor_started
-
-    def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, None]:
-        log_probs = query_black_box(trained, canaries.features, expected_shape=(m, canaries.num_classes))
-        membership = drawn_before if drawn_before is not None else draw_membership(membership_rng, m)
-        if config.design == "pair":
-            # S = +1 presents the trained label, S = -1 the fresh one (Algorithm 2, lines 5-7).
-            shown, other = (
-                np.where(membership == 1, canaries.labels, canaries.comparison_labels),
-                np.where(membership == 1, canaries.comparison_labels, canaries.labels),
-            )
-        else:
-            shown, other = canaries.labels, canaries.comparison_labels
-        if config.score_kind == "self_comparison":
-            return self_comparison_scores(log_probs, shown, other), membership, None
-        if config.score_kind == "mean_comparison":
-            return mean_comparison_scores(log_probs, shown), membership, None
-        return loss_scores(log_probs, shown), membership, None
-
-    say(f"training {implementation.info.name} on {request.num_records} of {m} canaries ({device})")
-    return audit_through_contract(implementation, config, request, score, m=m, clock=clock, say=say)
+def present_pair(membership: np.ndarray, trained: np.ndarray, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(shown, other)``: S_i = +1 presents record i's trained value and S_i = −1 its fresh one (Algorithm
+    2, lines 5–7). The values are labels, rows of tags or likelihoods; ``membership`` (m,) broadcasts over
+    their trailing axes. Any score of (shown, other) then obeys Theorem 1 in the replace-one relation."""
+    picks_trained = (membership == 1).reshape(membership.shape + (1,) * (np.ndim(trained) - 1))
+    return np.where(picks_trained, trained, fresh), np.where(picks_trained, fresh, trained)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from dpverify.audits.steps import run_audit
+from dpverify.audits import run_audit
 from dpverify.config import OVERRIDABLE, AuditConfig, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation
 from dpverify.results import AuditError, AuditResult, DPViolation
-from dpverify.session import RESULTS_KEY, AuditSession
+from dpverify.pytest.stash import RESULTS_KEY
+from dpverify.session import AuditSession
 
 #: Marker keywords: audit settings except the session's own (seed, confidence), plus profile and audits.
 MARKER_KEYWORDS = tuple(name for name in OVERRIDABLE if name not in ("seed", "confidence")) + ("profile", "audits")

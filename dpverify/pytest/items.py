@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from dpverify.session import MUST_CATCH, SESSION_KEY, AuditSession
+from dpverify.pytest.stash import SESSION_KEY
+from dpverify.session import MUST_CATCH, AuditSession
 
 
 class DPAuditItem(pytest.Item):

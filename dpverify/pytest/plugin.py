@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dpverify.pytest import options
-from dpverify.session import RESULT_PROPERTY, RESULTS_KEY, SESSION_KEY, AuditSession, outcome_as_expected
+from dpverify.pytest.stash import RESULT_PROPERTY, RESULTS_KEY, SESSION_KEY
+from dpverify.session import AuditSession, outcome_as_expected
 
 MARKER_HELP = (
     "dp_audit(**settings): settings for the audits this test runs through the dp_audit fixture "
@@ -48,7 +49,20 @@ def pytest_configure(config: pytest.Config) -> None:
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
-    config.pluginmanager.register(session, "dpverify-session")
+    config.pluginmanager.register(ResultGatherer(session), "dpverify-results")
+
+
+class ResultGatherer:
+    """Gathers audit results from test reports: in-process, or from every worker in the xdist controller
+    (which collects nothing itself, so it learns the planned count from the workers' results)."""
+
+    def __init__(self, session: AuditSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == RESULT_PROPERTY:
+                self.session.gather(json.loads(value))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -65,7 +79,7 @@ def pytest_configure_node(node: Any) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     session = config.stash[SESSION_KEY]
-    return session.header() if session.enabled else None
+    return session.header(rerun=f"--dp-audit-seed {session.seed}") if session.enabled else None
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
