@@ -30,11 +30,15 @@ TEST_ERROR = 1e-4
 
 
 def reference_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
-    """β + 2mδα with α = max_{1<=i<=v} P[v > W >= v-i] / i, summing the window one term at a time."""
+    """β + 2mδα with α = max_{1<=i<=v} P[v > W >= v-i] / i, summing the window one term at a time.
+
+    The window sums are accumulated in log space, so that a window far right of the mode, whose
+    first terms underflow, still counts the mass near the mode.
+    """
     q = math.exp(eps) / (1 + math.exp(eps))
     beta = stats.binom.sf(v - 1, r, q)
-    window_sums = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, q))  # i = 1, ..., v
-    alpha = float(np.max(window_sums / np.arange(1, v + 1))) if v else 0.0
+    log_sums = np.logaddexp.accumulate(stats.binom.logpmf(np.arange(v - 1, -1, -1), r, q))
+    alpha = float(np.exp(np.max(log_sums - np.log(np.arange(1, v + 1))))) if v else 0.0
     return min(beta + 2 * m * delta * alpha, 1.0)
 
 
@@ -94,6 +98,35 @@ def test_bound_equals_the_reference_loop(c, delta, confidence):
 def test_bound_equals_the_reference_for_many_canaries(m, guesses, correct):
     expected = reference_bound(m, guesses, correct, DELTA, 0.95)
     assert epsilon_lower_bound(m, guesses, correct, delta=DELTA) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "m, guesses, correct, delta, confidence",
+    [(10_000, 10_000, 9_500, 1e-5, 1 - 1e-5), (50_000, 25_000, 25_000, 1e-5, 1 - 1e-4)],
+)
+def test_bound_equals_the_reference_far_right_of_the_mode(m, guesses, correct, delta, confidence):
+    """Far more correct guesses than r·q: the window pmf near v underflows, the mass near the mode does not.
+
+    Before the window search started at the mode these gave 0.095 (reference 0) and 0.559 (0.446).
+    """
+    expected = reference_bound(m, guesses, correct, delta, confidence)
+    assert epsilon_lower_bound(m, guesses, correct, delta=delta, confidence=confidence) == pytest.approx(
+        expected, abs=1e-6
+    )
+
+
+def test_bound_equals_the_reference_on_random_large_counts():
+    """Random counts up to m = 20 000 with many correct guesses, where α's window is long."""
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        m = int(rng.integers(1_000, 20_001))
+        guesses = int(rng.integers(1_100, m + 1))
+        correct = int(rng.integers(guesses // 2, guesses + 1))
+        delta = float(rng.choice([1e-6, 1e-5, 1e-4]))
+        confidence = float(rng.choice([0.95, 1 - 1e-4, 1 - 1e-5]))
+        expected = reference_bound(m, guesses, correct, delta, confidence)
+        value = epsilon_lower_bound(m, guesses, correct, delta=delta, confidence=confidence)
+        assert value == pytest.approx(expected, abs=1e-6), (m, guesses, correct, delta, confidence)
 
 
 def test_arrays_broadcast_and_match_scalar_calls():

@@ -269,7 +269,10 @@ def _max_window_mean(r, v, q, q_not, beta):
 
     The mean of the pmf over the window [v-i, v-1] grows with i while the next value to the left
     exceeds it and, the pmf being unimodal (log-concave), falls for good once it does not. So the
-    maximum is at the first i with pmf(v-1-i) <= mean(i), found by bisection over i.
+    maximum is at the first i with pmf(v-1-i) <= mean(i), found by bisection over i. The pmf rises
+    to the left of v-1 down to the mode (pmf(k-1) >= pmf(k) for k >= (r+1)q), so the mean grows at
+    least until i = v - (r+1)q and the bisection starts there: far right of the mode the pmf and the
+    window mass near v underflow to 0, which would otherwise stop the search at α = 0.
     """
     # A window right of the mean is a difference of small upper tails, P[W >= v-i] - β; one left of
     # it a difference of small lower tails, P[W <= v-1] - P[W <= v-1-i], taken as upper tails of
@@ -288,7 +291,8 @@ def _max_window_mean(r, v, q, q_not, beta):
         log_choose = special.gammaln(r + 1) - special.gammaln(k + 1) - special.gammaln(r - k + 1)
         return np.exp(log_choose + k * np.log(q) + (r - k) * np.log(q_not))
 
-    lo, hi = np.ones_like(v), np.maximum(v, 1)
+    hi = np.maximum(v, 1)
+    lo = np.clip(np.floor(v - (r + 1) * q), 1, hi)
     while np.any(lo < hi):
         mid = np.floor((lo + hi) / 2)
         grows = (mid < v) & (pmf(v - 1 - mid) > window_mass(mid) / mid)
