@@ -15,6 +15,7 @@ import numpy as np
 from scipy import special
 
 from dpverify._validation import check_int, check_probability, check_real
+from dpverify.stats import mmc
 
 __all__ = [
     "clopper_pearson_epsilon",
@@ -163,17 +164,9 @@ def fdp_epsilon_lower_bound(m, guesses, correct, *, delta, confidence=0.95):
 
     "Auditing f-differential privacy in one run" (arXiv 2410.22235) bounds the chance of ``correct``
     right answers among ``guesses`` guesses on ``m`` canaries under an f-DP mechanism through a
-    recursion on the trade-off function f. With τ = 1 − confidence, start from
-    :math:`r_c = \tau c/m`, :math:`h_c = \tau (c' - c)/m` (``c = correct``, ``c' = guesses``) and for
-    :math:`i = c-1, \dots, 0`
-
-    .. math::
-
-        h_i = \max\{h_{i+1}, \bar f^{-1}(r_{i+1})\}, \qquad
-        r_i = \min\{1, r_{i+1} + \tfrac{i}{c' - i}(h_i - h_{i+1})\},
-
-    where for μ-Gaussian DP :math:`\bar f^{-1}(x) = \Phi(\Phi^{-1}(x) - \mu)`. The claim "μ-GDP" is
-    rejected at level τ when :math:`r_0 + h_0 > c'/m`. Rejection gets harder as μ grows; the largest
+    recursion on the trade-off function f (:mod:`dpverify.stats.mmc`), at τ = 1 − confidence and
+    with :math:`\bar f^{-1}(x) = \Phi(\Phi^{-1}(x) - \mu)` for μ-Gaussian DP. Rejection gets harder
+    as μ grows; the largest
     rejected μ is found by a bracketing search and reported as the ε for which μ-GDP is
     (ε, ``delta``)-DP, i.e. :math:`\Phi(-\varepsilon/\mu + \mu/2) - e^\varepsilon
     \Phi(-\varepsilon/\mu - \mu/2) = \delta`.
@@ -197,38 +190,15 @@ def fdp_epsilon_lower_bound(m, guesses, correct, *, delta, confidence=0.95):
     m, r, v = (a.astype(float)[:, None] for a in (m, r, v))
 
     def rejected(mu: np.ndarray) -> np.ndarray:
-        flat = (np.broadcast_to(a, mu.shape).ravel() for a in (m, r, v, mu))
-        return _gdp_rejected(*flat, level).reshape(mu.shape)
+        return mmc.rejected(m, r, v, level, _gdp_inverse, mu).reshape(mu.shape)
 
     mu = _largest_rejected(rejected, np.full(m.shape[0], _MU_MAX), points=63)
     return _shaped(_gdp_epsilon(mu, delta), shape)
 
 
-def _gdp_rejected(m, guesses, correct, mu, level):
-    """Whether the recursion of Mahloujifar et al. rejects μ-GDP, elementwise over flat arrays."""
-    r = level * correct / m
-    h = level * (guesses - correct) / m
-    # Entries whose state stops changing once their recursion has started stay put for good, so
-    # the loop carries only the live ones (``idx``), which keeps null-like counts cheap.
-    idx = np.arange(r.size)
-    live_r, live_h = r.copy(), h.copy()
-    for i in range(int(correct.max(initial=0)) - 1, -1, -1):
-        started = i < correct[idx]
-        blown = special.ndtr(special.ndtri(live_r) - mu[idx])
-        new_h = np.where(started, np.maximum(live_h, blown), live_h)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.where(started, i / (guesses[idx] - i), 0.0)
-        live_r = np.minimum(live_r + step * (new_h - live_h), 1.0)
-        moving = ~started | (new_h != live_h)
-        live_h = new_h
-        if not moving.all():
-            done = ~moving
-            r[idx[done]], h[idx[done]] = live_r[done], live_h[done]
-            idx, live_r, live_h = idx[moving], live_r[moving], live_h[moving]
-            if idx.size == 0:
-                break
-    r[idx], h[idx] = live_r, live_h
-    return r + h > guesses / m
+def _gdp_inverse(x, mu):
+    """:math:`\bar f^{-1}(x) = f(1 - x) = \Phi(\Phi^{-1}(x) - \mu)` for μ-Gaussian DP."""
+    return special.ndtr(special.ndtri(x) - mu)
 
 
 # -- the Steinke et al. bound ----------------------------------------------------------------------
