@@ -187,13 +187,17 @@ def fdp_epsilon_lower_bound(m, guesses, correct, *, delta, confidence=0.95):
     """
     delta, level = _level(delta, confidence)
     m, r, v, shape = _counts(m, guesses, correct)
-    m, r, v = (a.astype(float)[:, None] for a in (m, r, v))
+    return _shaped(_gdp_epsilon(_largest_rejected_mu(m, r, v, level, _MU_MAX), delta), shape)
+
+
+def _largest_rejected_mu(m, r, v, level, upper: float) -> np.ndarray:
+    """Per count, the largest μ in [0, upper] whose Gaussian curve the recursion rejects (to 1e-7)."""
+    m, r, v = (np.asarray(a, dtype=float)[:, None] for a in (m, r, v))
 
     def rejected(mu: np.ndarray) -> np.ndarray:
         return mmc.rejected(m, r, v, level, _gdp_inverse, mu).reshape(mu.shape)
 
-    mu = _largest_rejected(rejected, np.full(m.shape[0], _MU_MAX), points=63)
-    return _shaped(_gdp_epsilon(mu, delta), shape)
+    return _largest_rejected(rejected, np.full(m.shape[0], upper), points=63)
 
 
 def _gdp_inverse(x, mu):
@@ -274,9 +278,9 @@ def _max_window_mean(r, v, q, q_not, beta):
 
 
 def _largest_rejected(
-    rejected: Callable[[np.ndarray], np.ndarray], upper: np.ndarray, points: int
+    rejected: Callable[[np.ndarray], np.ndarray], upper: np.ndarray, points: int, tolerance=_TOLERANCE
 ) -> np.ndarray:
-    """Per row, the largest x in [0, upper] with ``rejected`` true on all of [0, x], to within 1e-7.
+    """Per row, the largest x in [0, upper] with ``rejected`` true on all of [0, x], to ``tolerance``.
 
     ``rejected`` maps an (n, k) array of parameters to booleans and should be true below a threshold
     and false above it. Each round evaluates ``points`` grid points inside the bracket and keeps the
@@ -289,7 +293,7 @@ def _largest_rejected(
     hi = np.where(rejected(lo[:, None])[:, 0], upper, 0.0)  # x = 0 not rejected: the bound is 0
     fractions = np.arange(1, points + 2) / (points + 1)  # the last point is ``hi`` itself
     rows = np.arange(lo.size)
-    while np.any(hi - lo > _TOLERANCE):
+    while np.any(hi - lo > tolerance):
         grid = lo[:, None] + (hi - lo)[:, None] * fractions
         ok = rejected(grid)
         first_fail = np.where(ok.all(axis=1), points + 1, np.argmin(ok, axis=1))
