@@ -305,3 +305,51 @@ def test_bad_counts_raise(estimator, args, kwargs, message):
 def test_other_bad_input_raises(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# -- golden values of google-deepmind/jax_privacy (tests/auditing_test.py, test_epsilon_one_run_close) --
+
+
+def _deterministic_normal(mean: float, n: int) -> np.ndarray:
+    """n scores at the normal quantiles (i + ½)/n, shifted by ``mean``: the sample without its noise."""
+    return stats.norm.ppf((np.arange(n) + 0.5) / n) + mean
+
+
+def _roc_hull_counts(in_scores: np.ndarray, out_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """True and false positives ("in" when score >= t) at the thresholds on the ROC's concave hull.
+
+    The thresholds are every score and +inf; those whose (false negatives, true negatives) point
+    lies on or below the chord of its neighbours are dropped, as jax_privacy's Pareto frontier does.
+    """
+    thresholds = np.concatenate([np.union1d(in_scores, out_scores), [np.inf]])
+    fn = np.searchsorted(np.sort(in_scores), thresholds, side="left")
+    tn = np.searchsorted(np.sort(out_scores), thresholds, side="left")
+    hull: list[int] = []
+    for k in range(thresholds.size):
+        while len(hull) >= 2:
+            i, j = hull[-2], hull[-1]
+            if (fn[j] - fn[i]) * (tn[k] - tn[i]) - (tn[j] - tn[i]) * (fn[k] - fn[i]) < 0:
+                break
+            hull.pop()
+        hull.append(k)
+    return in_scores.size - fn[hull], out_scores.size - tn[hull]
+
+
+@pytest.mark.parametrize(
+    "shift, steinke, fdp", [(0, 0.0, 0.0), (1, 1.13346, 2.164749), (2, 2.311945, 4.7218075), (4, 4.395568, 9.133752)]
+)
+def test_one_run_epsilons_match_jax_privacy(shift, steinke, fdp):
+    """jax_privacy's published one-run ε for 10 000 in-canaries N(shift, 1) and 10 000 out-canaries N(0, 1).
+
+    One-sided guesses ("in" above a threshold) at every threshold of the ROC's concave hull, m = 20 000,
+    significance 0.05 split over the thresholds (Bonferroni), δ = 1e-6; the f-DP ε is that of the
+    largest refuted μ-GDP at δ. Published to rtol 1e-5 there, checked to the same here.
+    """
+    n = 10_000
+    tp, fp = _roc_hull_counts(_deterministic_normal(shift, n), _deterministic_normal(0.0, n))
+    confidence = 1 - 0.05 / tp.size
+    guessed = tp + fp > 0
+    kwargs = {"delta": 1e-6, "confidence": confidence}
+    args = (2 * n, (tp + fp)[guessed], tp[guessed])
+    assert np.max(epsilon_lower_bound(*args, **kwargs)) == pytest.approx(steinke, rel=1e-5, abs=1e-9)
+    assert np.max(fdp_epsilon_lower_bound(*args, **kwargs)) == pytest.approx(fdp, rel=1e-5, abs=1e-9)
