@@ -136,8 +136,7 @@ def privacy_profile(*, noise_multiplier, sampling_rate, steps, relation, points=
 
     Returns ``(epsilons, deltas)``, two arrays of ``points`` values, δ non-increasing.
     """
-    sigma, q, steps, _ = _check(noise_multiplier, sampling_rate, steps, 0.5)
-    floor = check_probability("floor", floor)
+    sigma, q, steps, floor = _check(noise_multiplier, sampling_rate, steps, floor, delta_name="floor")
     relation = check_choice("relation", relation, RELATIONS)
     points = check_int("points", points, low=2)
     if sigma == 0:
@@ -148,12 +147,12 @@ def privacy_profile(*, noise_multiplier, sampling_rate, steps, relation, points=
     return epsilons, np.max([pld.delta(epsilons) for pld in plds], axis=0)
 
 
-def _check(noise_multiplier, sampling_rate, steps, delta):
+def _check(noise_multiplier, sampling_rate, steps, delta, delta_name="delta"):
     return (
         check_real("noise_multiplier", noise_multiplier, low=0.0),
         check_real("sampling_rate", sampling_rate, low=0.0, high=1.0, low_open=True),
         check_int("steps", steps, low=1),
-        check_probability("delta", delta),
+        check_probability(delta_name, delta),
     )
 
 

@@ -201,7 +201,7 @@ def _largest_rejected_mu(m, r, v, level, upper: float) -> np.ndarray:
 
 
 def _gdp_inverse(x, mu):
-    """:math:`\bar f^{-1}(x) = f(1 - x) = \Phi(\Phi^{-1}(x) - \mu)` for μ-Gaussian DP."""
+    r""":math:`\bar f^{-1}(x) = f(1 - x) = \Phi(\Phi^{-1}(x) - \mu)` for μ-Gaussian DP."""
     return special.ndtr(special.ndtri(x) - mu)
 
 

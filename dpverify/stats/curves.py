@@ -50,6 +50,7 @@ __all__ = [
     "ProfileCurve",
     "TradeOffCurve",
     "TrivialCurve",
+    "curve_refutes",
     "curve_test",
 ]
 
@@ -286,9 +287,22 @@ def _full_batch_sigma(claim: ClaimedRun, mu: float) -> float:
     return scale * math.sqrt(claim.steps) / mu
 
 
+def curve_refutes(m, guesses, correct, *, curve: TradeOffCurve, confidence=0.95):
+    """Per count, whether the counts refute "f-DP for ``curve``" at level 1 − ``confidence``.
+
+    The decision of :func:`curve_test` without the search over the family: arrays broadcast, and a
+    bool (or bool array) comes back. Costs one recursion, O(correct) vectorised steps.
+    """
+    if not isinstance(curve, TradeOffCurve):
+        raise ValueError(f"curve must be a TradeOffCurve, got {curve!r}")
+    level = 1.0 - check_probability("confidence", confidence)
+    m, r, v, shape = _counts(m, guesses, correct)
+    refuted = mmc.rejected(m, r, v, level, curve.inverse_complement)
+    return bool(refuted[0]) if shape is None else refuted.reshape(shape)
+
+
 def _refutes(claim: ClaimedRun, m, r, v, level) -> bool:
-    curve = claim.curve()
-    return bool(np.any(mmc.rejected(m, r, v, level, curve.inverse_complement)))
+    return bool(np.any(mmc.rejected(m, r, v, level, claim.curve().inverse_complement)))
 
 
 def _weakest_refuted_sigma(claim: ClaimedRun, m, r, v, level, refuted: bool) -> float:
