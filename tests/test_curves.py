@@ -61,6 +61,17 @@ def test_profile_curve_of_gdp_is_pessimistic_and_close():
     np.testing.assert_allclose(curve(curve(alpha)), alpha, atol=3e-3)  # symmetric
 
 
+def test_profile_curve_is_the_maximum_of_its_lines():
+    """Vertices plus interpolation give exactly max(0, 1 − δ − e^ε α, e^−ε (1 − δ − α)) over the grid."""
+    rng = np.random.default_rng(5)
+    eps = np.sort(rng.uniform(0, 6, 40))
+    deltas = np.sort(rng.uniform(0, 0.3, 40))[::-1]
+    alpha = rng.uniform(0, 1, 2000)
+    lines = np.maximum(1 - deltas - np.exp(eps) * alpha[:, None], np.exp(-eps) * (1 - deltas - alpha[:, None]))
+    expected = np.maximum(lines.max(axis=1), 0.0)
+    np.testing.assert_allclose(ProfileCurve(epsilons=eps, deltas=deltas)(alpha), expected, atol=1e-12)
+
+
 def test_privacy_profile_is_two_sided_and_matches_the_accountant():
     kwargs = {"noise_multiplier": 1.0, "sampling_rate": 0.05, "steps": 50}
     eps, deltas = privacy_profile(relation="add_remove", **kwargs)

@@ -308,8 +308,8 @@ def _gdp_epsilon(mu: np.ndarray, delta: float) -> np.ndarray:
     safe = np.maximum(mu, 1e-300)
 
     def excess(eps):
-        upper, lower = special.ndtr(-eps / safe + safe / 2), special.ndtr(-eps / safe - safe / 2)
-        return upper - np.exp(eps) * lower - delta
+        upper = special.ndtr(-eps / safe + safe / 2)
+        return upper - np.exp(eps + special.log_ndtr(-eps / safe - safe / 2)) - delta  # e^ε Φ(·) in logs
 
     lo = np.zeros_like(mu)
     hi = mu**2 / 2 + mu * special.ndtri(1 - delta)  # here Φ(−ε/μ + μ/2) <= δ already
