@@ -166,9 +166,8 @@ def fdp_epsilon_lower_bound(m, guesses, correct, *, delta, confidence=0.95):
     right answers among ``guesses`` guesses on ``m`` canaries under an f-DP mechanism through a
     recursion on the trade-off function f (:mod:`dpverify.stats.mmc`), at τ = 1 − confidence and
     with :math:`\bar f^{-1}(x) = \Phi(\Phi^{-1}(x) - \mu)` for μ-Gaussian DP. Rejection gets harder
-    as μ grows; the largest
-    rejected μ is found by a bracketing search and reported as the ε for which μ-GDP is
-    (ε, ``delta``)-DP, i.e. :math:`\Phi(-\varepsilon/\mu + \mu/2) - e^\varepsilon
+    as μ grows; the largest rejected μ is found by a bracketing search and reported as the ε for
+    which μ-GDP is (ε, ``delta``)-DP, i.e. :math:`\Phi(-\varepsilon/\mu + \mu/2) - e^\varepsilon
     \Phi(-\varepsilon/\mu - \mu/2) = \delta`.
 
     Assumptions, which differ from :func:`epsilon_lower_bound`:

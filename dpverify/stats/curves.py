@@ -308,8 +308,9 @@ def _refutes(claim: ClaimedRun, m, r, v, level) -> bool:
 def _weakest_refuted_sigma(claim: ClaimedRun, m, r, v, level, refuted: bool) -> float:
     """The least σ whose member any count refutes, by bisection in log σ from the claim's σ.
 
-    Starts at the claim (σ = 1 for a claim without noise), halves or doubles σ up to _SIGMA_SPAN
-    times to bracket the crossing, then bisects to _SIGMA_TOLERANCE and returns the refuted end;
+    Starts at the claim (σ = 1 for a claim without noise), halves or doubles σ, within a factor
+    _SIGMA_SPAN of the start, to bracket the crossing, then bisects to _SIGMA_TOLERANCE and returns
+    the refuted end;
     ∞ when even the strongest member within reach is not refuted. When the weakest member within
     reach is still refuted it is returned: a smaller ε than the true crossing, never a larger one.
     """
