@@ -21,7 +21,8 @@ import numpy as np
 from dpverify._validation import check_choice, check_int, check_real
 
 Relation = Literal["add_remove", "replace_one"]
-Expected = Literal["private", "violation"]
+Expected = Literal["private", "violation", "known-issue"]
+EXPECTATIONS: tuple[str, ...] = ("private", "violation", "known-issue")
 Detectability = Literal["D1", "D2", "D3", "D4"]
 Task = Literal["classification", "language"]
 
@@ -290,9 +291,11 @@ class ImplementationInfo:
     ``requires`` lists importable modules; when one is missing the implementation is skipped with a
     reason naming ``extra`` (``pip install dpverify[<extra>]``). A buggy variant sets
     ``expected="violation"``, the rule of the DP-SGD step it ``breaks``, its row in ``bugs.md`` and its
-    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit). ``task`` says
-    what it trains: ``classification`` (a :class:`TrainingRequest` for the MLP) or ``language`` (token
-    sequences for a small causal transformer).
+    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit). An
+    unmodified library whose audit found a real, reported leak sets ``expected="known-issue"`` and the
+    upstream report's address in ``issue``: its violation is a finding, reported with its evidence,
+    never hidden. ``task`` says what it trains: ``classification`` (a :class:`TrainingRequest` for the
+    MLP) or ``language`` (token sequences for a small causal transformer).
     """
 
     name: str
@@ -304,13 +307,16 @@ class ImplementationInfo:
     breaks: str | None = None
     bug: int | None = None
     detectability: Detectability | None = None
+    issue: str | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ValueError(f"name must be non-empty letters, digits, '-', '_' or '.', got {self.name!r}")
         check_choice("task", self.task, TASKS)
-        check_choice("expected", self.expected, ("private", "violation"))
+        check_choice("expected", self.expected, EXPECTATIONS)
+        if (self.expected == "known-issue") != bool(self.issue):
+            raise ValueError(f"{self.name!r}: expected='known-issue' goes with the upstream report's address in issue, got issue={self.issue!r}")
         if self.expected == "violation":
             if not self.breaks or self.detectability is None:
                 raise ValueError(f"buggy variant {self.name!r} must state the rule it breaks and its detectability")

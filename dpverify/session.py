@@ -19,8 +19,16 @@ from pathlib import Path
 from typing import Any
 
 
+class PlanExceeded(RuntimeError):
+    """An audit would run past the session's plan, which would break the session-wide level."""
+
+
 @dataclass(eq=False)
 class AuditSession:
+    """``confidence_per_audit``, when given, is every audit's own level (to reproduce one audit as it ran);
+    otherwise the session's level is split over ``planned_audits``, and :meth:`start_audit` refuses an
+    audit past the plan."""
+
     enabled: bool
     profile: str
     confidence: float
@@ -31,11 +39,32 @@ class AuditSession:
     report_path: str | None
     plots_dir: str | None
     planned_audits: int = 0
+    confidence_per_audit: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    strict: bool = False
+    timeout: float | None = None
+    audits_started: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def per_audit_confidence(self) -> float:
+        if self.confidence_per_audit is not None:
+            return self.confidence_per_audit
         return 1.0 - (1.0 - self.confidence) / max(1, self.planned_audits)
+
+    def start_audit(self, *, counted: bool, where: str) -> None:
+        """Count one audit as it starts. A ``counted`` audit (one that could raise a false alarm) past the
+        plan raises :class:`PlanExceeded`: it would have run at a looser level than the session promised."""
+        if not counted or self.confidence_per_audit is not None:
+            return
+        self.audits_started += 1
+        if self.audits_started > self.planned_audits:
+            raise PlanExceeded(
+                f"{where}: audit {self.audits_started} of a session that planned {self.planned_audits}; the "
+                "session's level is split over the audits planned at collection, so an audit the plan did not "
+                "count cannot run. Request the dp_audit fixture as a test argument (not through "
+                "request.getfixturevalue) or declare the test's audits with @pytest.mark.dp_audit(audits=N)"
+            )
 
     def audit_seed(self, key: str) -> int:
         """A seed for one audit, from the session seed and a stable key (same on every xdist worker)."""
@@ -105,7 +134,8 @@ class AuditSession:
         lines.append(
             f"{len(self.results)} audit(s); each at confidence {self.per_audit_confidence:.5f} so that the "
             f"session keeps {self.confidence:g} over {self.planned_audits} planned audit(s). "
-            "'!' marks an outcome other than expected, '~' a subtle (D3/D4) variant not caught."
+            "'!' marks an outcome other than expected, '~' a subtle (D3/D4) variant not caught, 'K' a known "
+            "issue of an unmodified library found again."
         )
         return lines
 
@@ -115,10 +145,13 @@ MUST_CATCH = ("D1", "D2")
 
 
 def outcome_mark(result: dict[str, Any]) -> str:
-    """'' as expected; '~' a D3/D4 variant not caught (a known limit); '!' anything else unexpected:
-    a private implementation refuted, a D1/D2 variant missed, or an error."""
+    """'' as expected; '~' a D3/D4 variant not caught (a known limit); 'K' a known issue of an unmodified
+    library found again (a finding, reported); '!' anything else unexpected: a private implementation
+    refuted, a D1/D2 variant missed, or an error."""
     if result["verdict"] == "error":
         return "!"
+    if result["expected"] == "known-issue":
+        return "K" if result["verdict"] == "violation" else ""
     if result["expected"] == "violation":
         if result["verdict"] == "violation":
             return ""

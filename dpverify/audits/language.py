@@ -39,7 +39,14 @@ from dpverify.audits.steps import (
     resolve_device,
 )
 from dpverify.canaries.tokens import TokenCanaryConfig, make_token_canaries, suffix_log_likelihood
-from dpverify.config import DESIGN_RELATION, DEVICES, HYPERPARAMETER_FIELDS, override_guess_rule, override_hyperparameters
+from dpverify.config import (
+    DESIGN_RELATION,
+    DEVICES,
+    HYPERPARAMETER_FIELDS,
+    check_timeout,
+    override_guess_rule,
+    override_hyperparameters,
+)
 from dpverify.contract import DPHyperparameters, Implementation, SequenceModel, SequenceRequest, TransformerArchitecture
 from dpverify.results import AuditResult
 from dpverify.stats.scoring import GuessRule
@@ -72,8 +79,10 @@ class LanguageAuditConfig:
     confidence: float = 0.95
     seed: int = 0
     device: str = "auto"
+    timeout: float | None = 1800
 
     def __post_init__(self) -> None:
+        check_timeout(self.timeout)
         check_choice("design", self.design, LANGUAGE_DESIGNS)
         check_probability("confidence", self.confidence)
         check_int("seed", self.seed, low=0)
@@ -120,7 +129,7 @@ class LanguageAuditConfig:
 
 
 #: Settings of the audit itself rather than of its canaries, model or training.
-TOP_NAMES = ("design", "confidence", "seed", "device")
+TOP_NAMES = ("design", "confidence", "seed", "device", "timeout")
 #: Every flat name :meth:`LanguageAuditConfig.with_overrides` takes.
 LANGUAGE_SETTINGS: tuple[str, ...] = tuple(
     sorted(
@@ -141,7 +150,8 @@ def language_config_like(config: Any) -> LanguageAuditConfig:
     hp = config.hyperparameters
     target = {"epsilon": hp.target_epsilon} if hp.target_epsilon is not None else {"noise_multiplier": hp.noise_multiplier}
     return dataclasses.replace(LanguageAuditConfig(), guess_rule=config.guess_rule).with_overrides(
-        **target, delta=hp.delta, confidence=config.confidence, seed=config.seed, device=config.device
+        **target, delta=hp.delta, confidence=config.confidence, seed=config.seed, device=config.device,
+        timeout=config.timeout,
     )
 
 

@@ -9,6 +9,6 @@ from dpverify.session import AuditSession
 
 #: Name of the user property that carries one audit's JSON on a test report.
 RESULT_PROPERTY = "dp_audit_result"
-#: Where an item keeps the results of the audits it ran until its report is made.
-RESULTS_KEY = pytest.StashKey[list]()
 SESSION_KEY = pytest.StashKey[AuditSession]()
+#: How many audits the session's plan counted for an item: the budget its audits are held to.
+PLANNED_KEY = pytest.StashKey[int]()
