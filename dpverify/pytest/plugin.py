@@ -111,6 +111,12 @@ def _check_writable(path: str | None, option: str, *, directory: bool) -> None:
         raise options.OptionError(f"{option}={path!r}: cannot write there; give a writable path")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from dpverify.registry import forget_registrations
+
+    forget_registrations()
+
+
 class ResultGatherer:
     """Gathers audit results from test reports: in-process, or from every worker in the xdist controller
     (which collects nothing itself, so it learns the planned count from the workers' results). Results
