@@ -248,3 +248,62 @@ def test_rows_are_clipped_except_in_the_no_clipping_variant(keras_module, step):
     update = one_step_update(keras_module, step, grads, noise_multiplier=0.0)
     big_row = 10 * CLIP if step == "no_clipping" else CLIP  # only the bug lets a row exceed C
     np.testing.assert_allclose(-update * 2, [big_row, 0.5 * CLIP, 0.0], rtol=1e-6)  # divided by B = 2
+
+
+# --- the per-record Jacobian handed to the optimizer is the stock Jacobian ---------------------------------
+
+
+def _model_and_batch(keras_module, request):
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(3)
+    model = keras_module.build_mlp(request)
+    loss = keras_module.per_example_loss(request)
+    x = tf.constant(request.features)
+    y = tf.constant(keras_module.training_targets(request))
+    return model, (lambda xs, ys: loss(ys, model(xs, training=True))), x, y
+
+
+def test_per_record_jacobian_equals_the_stock_jacobian(keras_module):
+    import tensorflow as tf
+
+    model, record_loss, x, y = _model_and_batch(keras_module, tiny_request(m=9))
+    stock = tf.GradientTape(persistent=True)
+    fast = keras_module.PerRecordJacobianTape(record_loss, (x, y))
+    for tape in (stock, fast):
+        with tape:
+            losses = record_loss(x, y)
+        rows = tape.jacobian(losses, model.trainable_variables, unconnected_gradients="zero")
+        if tape is stock:
+            expected = [r.numpy() for r in rows]
+    assert [r.shape for r in rows] == [(9, *v.shape) for v in model.trainable_variables]
+    for got, want in zip(rows, expected):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert max(np.abs(w).max() for w in expected) > 0.01  # the rows are not trivially zero
+    with pytest.raises(ValueError, match="one loss per record"):
+        fast.jacobian(tf.reduce_sum(losses), model.trainable_variables)
+
+
+@pytest.mark.parametrize("step", ["correct", "no_clipping", "noise_for_mean"])
+def test_dp_step_with_per_record_rows_equals_the_stock_step(keras_module, step):
+    """Without noise the step is deterministic: the stock tape and the per-record tape give the same update,
+    with clipping active (C is far below the rows' norms)."""
+    import tensorflow as tf
+
+    request = tiny_request(m=7)
+    updates = []
+    for use_fast in (False, True):
+        model, record_loss, x, y = _model_and_batch(keras_module, request)
+        before = [v.numpy() for v in model.trainable_variables]
+        optimizer = keras_module.make_dp_optimizer(step, l2_norm_clip=0.05, noise_multiplier=0.0, learning_rate=1.0)
+        tape = keras_module.PerRecordJacobianTape(record_loss, (x, y)) if use_fast else tf.GradientTape()
+        with tape:
+            loss = record_loss(x, y)
+        optimizer.minimize(loss, model.trainable_variables, tape=tape)
+        updates.append([v.numpy() - b for v, b in zip(model.trainable_variables, before)])
+    for fast, stock in zip(updates[1], updates[0]):
+        np.testing.assert_allclose(fast, stock, rtol=1e-4, atol=1e-7)
+    norm = math.sqrt(sum(float(np.sum(u**2)) for u in updates[0]))
+    assert norm > 1e-3
+    if step != "no_clipping":
+        assert norm <= 0.05 + 1e-6  # the mean of rows clipped to C has norm at most C
