@@ -64,6 +64,7 @@ __all__ = [
     "training_targets",
     "KerasRun",
     "train_mlp",
+    "train_poisson",
 ]
 
 
@@ -157,40 +158,39 @@ def _quiet_initialiser_seeding():
         yield
 
 
-def build_mlp(request: TrainingRequest) -> tf.keras.Model:
+def build_mlp(request: TrainingRequest, *, model_class: Callable[..., tf.keras.Model] = tf.keras.Model) -> tf.keras.Model:
     """The designated ``d -> h -> C`` ReLU MLP with Keras' default (seeded) initialisation; outputs logits.
 
     With tags: the shared encoder ``Dense(h, relu)``, the main head ``Dense(C)`` and a separate tag head
     ``Dense(|E|)`` (initialised in that order, as :class:`dpverify.torch.MultiTaskMLP`), concatenated into
-    one ``(n, C + |E|)`` output."""
+    one ``(n, C + |E|)`` output. A functional graph, built as ``model_class(inputs=..., outputs=...)``, so
+    that TF-Privacy's DP model class (which walks that graph for fast clipping) can be the model."""
     width = request.architecture.hidden_width
     with _quiet_initialiser_seeding():
-        if not request.num_tags:
-            return tf.keras.Sequential(
-                [
-                    tf.keras.Input(shape=(request.dimension,), dtype=tf.float32),
-                    tf.keras.layers.Dense(width, activation="relu"),
-                    tf.keras.layers.Dense(request.num_classes),
-                ]
-            )
         features = tf.keras.Input(shape=(request.dimension,), dtype=tf.float32)
         hidden = tf.keras.layers.Dense(width, activation="relu", name="encoder")(features)
         main = tf.keras.layers.Dense(request.num_classes, name="main_head")(hidden)
+        if not request.num_tags:
+            return model_class(inputs=features, outputs=main)
         tags = tf.keras.layers.Dense(request.num_tags, name="tag_head")(hidden)
-        return tf.keras.Model(features, tf.keras.layers.Concatenate()([main, tags]))
+        return model_class(inputs=features, outputs=tf.keras.layers.Concatenate()([main, tags]))
 
 
 def multitask_loss(targets: tf.Tensor, logits: tf.Tensor, *, num_classes: int, tag_weight: float) -> tf.Tensor:
     """One loss per record: ``CE(main, y) + tag_weight · mean_h CE(tag head, e_h)`` over the tags the
-    record carries (``targets`` (n, 1 + H): the label, then H tags, −1 = no tag; 0 tag loss without tags),
-    the formula of :class:`dpverify.torch.MultiTaskLoss`."""
+    record carries (``targets`` (..., 1 + H): the label, then H tags, −1 = no tag; 0 tag loss without tags),
+    the formula of :class:`dpverify.torch.MultiTaskLoss`. Leading axes are kept (TF-Privacy's microbatches
+    add one)."""
+    leading = tf.shape(targets)[:-1]
+    targets = tf.reshape(targets, [-1, tf.shape(targets)[-1]])
+    logits = tf.reshape(logits, [-1, tf.shape(logits)[-1]])
     main_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets[:, 0], logits=logits[:, :num_classes])
     tags = targets[:, 1:]
     carried = tf.cast(tags >= 0, logits.dtype)
     tag_log_probs = tf.nn.log_softmax(logits[:, num_classes:], axis=-1)
     picked = tf.gather(tag_log_probs, tf.maximum(tags, 0), batch_dims=1)  # (n, H); masked below where no tag
     tag_loss = -tf.reduce_sum(picked * carried, axis=-1) / tf.maximum(tf.reduce_sum(carried, axis=-1), 1.0)
-    return main_loss + tag_weight * tag_loss
+    return tf.reshape(main_loss + tag_weight * tag_loss, leading)
 
 
 def per_example_loss(request: TrainingRequest) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
@@ -228,12 +228,42 @@ def _allow_gpu_memory_growth() -> None:
 
 
 def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -> KerasRun:
-    """Train the designated MLP on ``request`` with TF-Privacy's DP step (or its mutation ``step``).
+    """Train the designated MLP on ``request`` with TF-Privacy's DP optimizer step (or its mutation ``step``)."""
+    hp = request.hyperparameters
 
-    ``request.seed`` fixes the initialisation and the noise (TensorFlow's global seed, with op determinism
-    enabled for the process) and the Poisson batches (a numpy generator). Exactly
-    ``request.hyperparameters.steps`` steps are drawn; an empty batch (probability (1-q)^N) leaves the
-    weights unchanged, because TF-Privacy's optimizer cannot take a batch of size 0.
+    def make_step(features: tf.Tensor, targets: tf.Tensor) -> tuple[tf.keras.Model, Callable, tf.Variable]:
+        model = build_mlp(request)
+        optimizer = make_dp_optimizer(
+            step, l2_norm_clip=hp.max_grad_norm, noise_multiplier=noise_multiplier, learning_rate=hp.learning_rate
+        )
+        loss_per_record = per_example_loss(request)
+
+        def dp_sgd_step(indices):
+            x = tf.gather(features, indices)
+            y = tf.gather(targets, indices)
+            tape = PerRecordJacobianTape(lambda xs, ys: loss_per_record(ys, model(xs, training=True)), (x, y))
+            with tape:
+                loss = loss_per_record(y, model(x, training=True))
+            optimizer.minimize(loss, model.trainable_variables, tape=tape)
+
+        return model, dp_sgd_step, optimizer.iterations
+
+    return train_poisson(request, make_step)
+
+
+def train_poisson(
+    request: TrainingRequest,
+    make_step: Callable[[tf.Tensor, tf.Tensor], tuple[tf.keras.Model, Callable[[tf.Tensor], None], tf.Variable]],
+) -> KerasRun:
+    """The run every TF-Privacy path shares: seeds, device, Poisson batches, divergence check, black boxes.
+
+    ``make_step(features, targets)`` builds the model and returns it, its DP step on a batch of record
+    indices, and the optimizer's step counter; the step is traced once (``tf.function`` with a ``[None]``
+    index signature), so variable Poisson batch sizes never retrace it. ``request.seed`` fixes the
+    initialisation and the noise (TensorFlow's global seed, with op determinism enabled for the process)
+    and the Poisson batches (a numpy generator). Exactly ``request.hyperparameters.steps`` steps are drawn;
+    an empty batch (probability (1-q)^N) leaves the weights unchanged, because TF-Privacy's DP steps
+    cannot take a batch of size 0.
     """
     hp = request.hyperparameters
     seeds = seeds_for(request.seed)
@@ -244,26 +274,10 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
     tf.config.experimental.enable_op_determinism()
 
     with tf.device(device_name):
-        model = build_mlp(request)
-        optimizer = make_dp_optimizer(
-            step,
-            l2_norm_clip=hp.max_grad_norm,
-            noise_multiplier=noise_multiplier,
-            learning_rate=hp.learning_rate,
-        )
-        loss_per_record = per_example_loss(request)
         features = tf.constant(request.features)
         targets = tf.constant(training_targets(request))
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
-        def dp_sgd_step(indices):
-            x = tf.gather(features, indices)
-            y = tf.gather(targets, indices)
-            tape = PerRecordJacobianTape(lambda xs, ys: loss_per_record(ys, model(xs, training=True)), (x, y))
-            with tape:
-                loss = loss_per_record(y, model(x, training=True))
-            optimizer.minimize(loss, model.trainable_variables, tape=tape)
-
+        model, step, iterations = make_step(features, targets)
+        dp_sgd_step = tf.function(step, input_signature=[tf.TensorSpec([None], tf.int32)])
         batch_sizes = []
         for indices in poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling):
             batch_sizes.append(int(indices.size))
@@ -277,7 +291,7 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
         **_black_boxes(model, device_name, request),
         device="cuda" if use_gpu else "cpu",
         batch_sizes=tuple(batch_sizes),
-        optimizer_steps=int(optimizer.iterations.numpy()),
+        optimizer_steps=int(iterations.numpy()),
         model=model,
     )
 
