@@ -18,7 +18,20 @@ import dpverify_tfprivacy
 from dpverify.contract import DPHyperparameters, MLPArchitecture, TrainingRequest
 from dpverify_tfprivacy._sampling import poisson_batches, seeds_for
 
-NAMES = ("tf-privacy-keras", "tf-privacy-no-noise", "tf-privacy-no-clipping", "tf-privacy-noise-for-mean")
+NAMES = (
+    "tf-privacy-keras",
+    "tf-privacy-fast-clipping",
+    "tf-privacy-no-noise",
+    "tf-privacy-no-clipping",
+    "tf-privacy-noise-for-mean",
+    "tf-privacy-fast-clipping-no-noise",
+    "tf-privacy-fast-clipping-no-clipping",
+    "tf-privacy-fast-clipping-noise-for-mean",
+    "tf-privacy-fast-clipping-batch-clipping",
+)
+BUG_OF = {name: bug for bug, name in enumerate(NAMES[2:5], start=1)} | {
+    name: bug for bug, name in enumerate(NAMES[5:], start=1)
+}
 STEP_OF = {
     "tf-privacy-keras": "correct",
     "tf-privacy-no-noise": "no_noise",
@@ -84,10 +97,13 @@ def test_infos():
         assert info.requires == ("tensorflow", "tensorflow_privacy")
         assert info.extra == "tf-privacy"
         assert "Poisson" in info.notes and "realised batch size" in info.notes
-    assert infos["tf-privacy-keras"].expected == "private" and infos["tf-privacy-keras"].bug is None
-    for name, bug in (("tf-privacy-no-noise", 1), ("tf-privacy-no-clipping", 2), ("tf-privacy-noise-for-mean", 3)):
+    for name in NAMES[:2]:
+        assert infos[name].expected == "private" and infos[name].bug is None
+    for name, bug in BUG_OF.items():
         assert infos[name].expected == "violation"
-        assert infos[name].bug == bug and infos[name].detectability == "D1" and infos[name].breaks
+        assert infos[name].bug == bug and infos[name].breaks
+        assert infos[name].detectability == ("D3" if bug == 4 else "D1")
+    assert {implementation(name).path for name in NAMES if "fast-clipping" in name} == {"fast_clipping"}
 
 
 def test_poisson_batches_have_variable_sizes_with_mean_qN():
