@@ -323,3 +323,30 @@ def test_dp_step_with_per_record_rows_equals_the_stock_step(keras_module, step):
     assert norm > 1e-3
     if step != "no_clipping":
         assert norm <= 0.05 + 1e-6  # the mean of rows clipped to C has norm at most C
+
+
+# --- importing TensorFlow through the plugin ----------------------------------------------------------------
+
+FACTORY_LINE = (
+    "2026-11-26 06:27:53.333702: E external/local_xla/xla/stream_executor/cuda/cuda_dnn.cc:9261] Unable to "
+    "register cuDNN factory: Attempting to register factory for plugin cuDNN when one has already been registered\n"
+)
+
+
+def test_only_the_duplicate_factory_lines_are_dropped(tf_privacy):
+    from dpverify_tfprivacy._tf import without_duplicate_factory_lines
+
+    other_error = "2026-11-26 06:27:53.4: E tensorflow/core/foo.cc:1] Could not load dynamic library 'libcudart'\n"
+    text = FACTORY_LINE + other_error + FACTORY_LINE.replace("cuDNN", "cuBLAS") + "Traceback (most recent call last):\n"
+    assert without_duplicate_factory_lines(text) == other_error + "Traceback (most recent call last):\n"
+
+
+def test_plugin_import_prints_no_factory_lines_and_keeps_stderr(tf_privacy):
+    code = (
+        "import sys; import dpverify_tfprivacy._keras, dpverify_tfprivacy._accounting; "
+        "print('still here', file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Unable to register" not in out.stderr
+    assert "still here" in out.stderr

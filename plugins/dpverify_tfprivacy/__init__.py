@@ -68,7 +68,7 @@ class TFPrivacyKeras(Implementation):
         self.path = path
 
     def train(self, request: TrainingRequest) -> TrainedModel:
-        from dpverify_tfprivacy import _keras  # first: it quiets TensorFlow's C++ log before tensorflow loads
+        from dpverify_tfprivacy import _keras  # first: tensorflow without its CUDA-factory noise
         from dpverify_tfprivacy import _accounting
 
         hp = request.hyperparameters

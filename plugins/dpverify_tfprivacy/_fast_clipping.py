@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from dpverify_tfprivacy import _keras  # first: it quiets TensorFlow's C++ log before tensorflow loads
+from dpverify_tfprivacy import _keras  # first: tensorflow without its CUDA-factory noise
 
 import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry  # noqa: E402

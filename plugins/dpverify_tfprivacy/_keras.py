@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter; a user's setting wins
+from dpverify_tfprivacy._tf import tf  # first: it imports tensorflow without its CUDA-factory noise
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 from tensorflow_privacy.privacy.dp_query import gaussian_query  # noqa: E402
 from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras  # noqa: E402
