@@ -27,7 +27,10 @@ _LIBRARY = dict(library="tensorflow-privacy", requires=("tensorflow", "tensorflo
 
 _NOTES = (
     "DPKerasSGDOptimizer (GenericDPSGDOptimizer over GaussianSumQuery), num_microbatches=None = one example "
-    "per microbatch, per-example losses (Reduction.NONE), SGD. Sampling: TF-Privacy's accountant assumes "
+    "per microbatch, per-example losses (Reduction.NONE), SGD. Per-example rows: the tape handed to "
+    "minimize computes the optimizer's jacobian record by record (tf.vectorized_map over each record's own "
+    "forward and backward pass), the rows GradientTape.jacobian of the batch loss gives, in O(B) instead of "
+    "O(B²) work; the optimizer and its query clip, sum, noise and normalise them. Sampling: TF-Privacy's accountant assumes "
     "Poisson sampling while its usual input pipeline shuffles into fixed-size batches (its own privacy "
     "statement warns that Poisson sampling 'is not usually done in training pipelines'); here the input "
     "pipeline samples each record independently with probability q every step, so the accountant's "
@@ -98,48 +101,47 @@ class TFPrivacyKeras(Implementation):
         )
 
 
-#: The buggy variants: (name, path, step, bugs.md row, detectability, what breaks, how it is built).
+#: What each bugs.md row breaks, whichever path carries it.
+_BREAKS = {
+    1: "Gaussian noise N(0, σ²C²) must be added to the sum of clipped rows every step; none is.",
+    2: "Each per-example gradient row must be clipped to norm C before summing; rows pass unclipped "
+    "while the noise stays σ·C for the nominal C.",
+    3: "The noise on the sum of clipped rows must have standard deviation σ·C; it is σ·C/B, "
+    "the noise meant for the mean of B rows.",
+    4: "Each record's gradient must be clipped to C; the batch-mean gradient is clipped to C as one row, so "
+    "one record can move it by up to 2C against noise σ·C (a record's pull on the mean is diluted by B, "
+    "so an audit sees it only where one record dominates the batch).",
+}
+
+#: The buggy variants: (name, path, step, bugs.md row, detectability, how it is built).
 _VARIANTS = (
     ("tf-privacy-no-noise", "optimizer", "no_noise", 1, "D1",
-     "Gaussian noise N(0, σ²C²) must be added to the sum of clipped rows every step; none is.",
      "A GaussianSumQuery subclass returns the clipped sum instead of its noised result."),
     ("tf-privacy-no-clipping", "optimizer", "no_clipping", 2, "D1",
-     "Each per-example gradient row must be clipped to norm C before summing; rows pass unclipped "
-     "while the noise stays σ·C for the nominal C.",
      "The GaussianSumQuery clips at a huge norm (1e30) with stddev σ·C for the nominal C."),
     ("tf-privacy-noise-for-mean", "optimizer", "noise_for_mean", 3, "D1",
-     "The noise on the sum of clipped rows must have standard deviation σ·C; it is σ·C/B, "
-     "the noise meant for the mean of B rows.",
      "A GenericDPSGDOptimizer subclass divides the query's stddev by the realised batch size B "
      "before TF-Privacy's own gradient computation."),
     ("tf-privacy-fast-clipping-no-noise", "fast_clipping", "no_noise", 1, "D1",
-     "Gaussian noise N(0, σ²C²) must be added to the sum of clipped rows every step; none is.",
      "The DP model is built with noise_multiplier 0, so its train_step skips add_aggregate_noise, while "
      "the accountant is given the claimed σ."),
     ("tf-privacy-fast-clipping-no-clipping", "fast_clipping", "no_clipping", 2, "D1",
-     "Each per-example gradient row must be clipped to norm C before summing; rows pass unclipped "
-     "while the noise stays σ·C for the nominal C.",
      "The layer registry's Dense function (TF-Privacy's own, wrapped) reports every record's squared "
      "norm as 0, so every clip weight is 1."),
     ("tf-privacy-fast-clipping-noise-for-mean", "fast_clipping", "noise_for_mean", 3, "D1",
-     "The noise on the sum of clipped rows must have standard deviation σ·C; it is σ·C/B, "
-     "the noise meant for the mean of B rows.",
      "A DP model subclass runs the library's train_step with its noise multiplier divided by the realised "
      "batch size B."),
     ("tf-privacy-fast-clipping-batch-clipping", "fast_clipping", "batch_clipping", 4, "D3",
-     "Each record's gradient must be clipped to C; the batch-mean gradient is clipped to C as one row, so "
-     "one record can move it by up to 2C against noise σ·C (a record's pull on the mean is diluted by B, "
-     "so an audit sees it only where one record dominates the batch).",
      "The DP model is built with num_microbatches=1: TF-Privacy's microbatch path clips the mean loss's "
      "gradient over the one microbatch and adds noise σ·C to it."),
 )
 
 
-def _variant(name: str, path: str, step: str, bug: int, detectability: str, breaks: str, how: str) -> TFPrivacyKeras:
+def _variant(name: str, path: str, step: str, bug: int, detectability: str, how: str) -> TFPrivacyKeras:
     info = ImplementationInfo(
         name=name,
         expected="violation",
-        breaks=breaks,
+        breaks=_BREAKS[bug],
         bug=bug,
         detectability=detectability,
         notes=f"{how} The claim is the correct run's. " + (_NOTES if path == "optimizer" else _FAST_NOTES),

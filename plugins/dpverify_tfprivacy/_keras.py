@@ -15,7 +15,7 @@ clips that whole row.
 
 Speed: the optimizer takes its per-example rows from ``tape.jacobian(per-example losses, variables)``. On a
 tape that recorded the *batch* forward pass that Jacobian differentiates the whole batch once per record,
-O(B²) work: about 6 CPU-seconds a step at the quick profile's B ≈ 500 (1000 -> 1000 -> 100), 85-190 s an
+O(B²) work: about 6 CPU-seconds a step at the quick profile's B ≈ 500 (1000 -> 1000 -> 100), 85-290 s an
 audit. The step here hands the optimizer a :class:`PerRecordJacobianTape`, whose ``jacobian`` computes
 the same rows with ``tf.vectorized_map`` over each record's own forward and backward pass, O(B) work
 (about 0.7 CPU-seconds a step); the optimizer and its query do everything else exactly as before. Of the
