@@ -133,10 +133,13 @@ def make_dp_model(
         ),
     )
     if not model._enable_fast_peg_computation:  # noqa: SLF001 (the library's own switch between its two paths)
-        missing = sorted({type(layer).__name__ for layer in model.layers if layer.trainable_variables and not registry.is_elem(layer)})
+        missing = sorted(
+            {type(layer).__name__ for layer in model.layers if layer.trainable_variables and not registry.is_elem(layer)}
+        )
         raise ValueError(
-            f"TF-Privacy's fast-clipping registry cannot clip this model: trainable layers {missing or '?'} are "
-            "not registered (it registers Dense and Embedding); use tf-privacy-keras for other architectures"
+            f"{step}: TF-Privacy's fast-clipping registry cannot clip this model: trainable layers {missing} are "
+            "not registered (TF-Privacy registers Dense and Embedding); train other architectures with "
+            "tf-privacy-keras"
         )
     if request.num_tags:
         loss = MultitaskLoss(num_classes=request.num_classes, tag_weight=request.tag_weight)
