@@ -18,7 +18,20 @@ import dpverify_tfprivacy
 from dpverify.contract import DPHyperparameters, MLPArchitecture, TrainingRequest
 from dpverify_tfprivacy._sampling import poisson_batches, seeds_for
 
-NAMES = ("tf-privacy-keras", "tf-privacy-no-noise", "tf-privacy-no-clipping", "tf-privacy-noise-for-mean")
+NAMES = (
+    "tf-privacy-keras",
+    "tf-privacy-fast-clipping",
+    "tf-privacy-no-noise",
+    "tf-privacy-no-clipping",
+    "tf-privacy-noise-for-mean",
+    "tf-privacy-fast-clipping-no-noise",
+    "tf-privacy-fast-clipping-no-clipping",
+    "tf-privacy-fast-clipping-noise-for-mean",
+    "tf-privacy-fast-clipping-batch-clipping",
+)
+BUG_OF = {name: bug for bug, name in enumerate(NAMES[2:5], start=1)} | {
+    name: bug for bug, name in enumerate(NAMES[5:], start=1)
+}
 STEP_OF = {
     "tf-privacy-keras": "correct",
     "tf-privacy-no-noise": "no_noise",
@@ -84,10 +97,13 @@ def test_infos():
         assert info.requires == ("tensorflow", "tensorflow_privacy")
         assert info.extra == "tf-privacy"
         assert "Poisson" in info.notes and "realised batch size" in info.notes
-    assert infos["tf-privacy-keras"].expected == "private" and infos["tf-privacy-keras"].bug is None
-    for name, bug in (("tf-privacy-no-noise", 1), ("tf-privacy-no-clipping", 2), ("tf-privacy-noise-for-mean", 3)):
+    for name in NAMES[:2]:
+        assert infos[name].expected == "private" and infos[name].bug is None
+    for name, bug in BUG_OF.items():
         assert infos[name].expected == "violation"
-        assert infos[name].bug == bug and infos[name].detectability == "D1" and infos[name].breaks
+        assert infos[name].bug == bug and infos[name].breaks
+        assert infos[name].detectability == ("D3" if bug == 4 else "D1")
+    assert {implementation(name).path for name in NAMES if "fast-clipping" in name} == {"fast_clipping"}
 
 
 def test_poisson_batches_have_variable_sizes_with_mean_qN():
@@ -248,3 +264,89 @@ def test_rows_are_clipped_except_in_the_no_clipping_variant(keras_module, step):
     update = one_step_update(keras_module, step, grads, noise_multiplier=0.0)
     big_row = 10 * CLIP if step == "no_clipping" else CLIP  # only the bug lets a row exceed C
     np.testing.assert_allclose(-update * 2, [big_row, 0.5 * CLIP, 0.0], rtol=1e-6)  # divided by B = 2
+
+
+# --- the per-record Jacobian handed to the optimizer is the stock Jacobian ---------------------------------
+
+
+def _model_and_batch(keras_module, request):
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(3)
+    model = keras_module.build_mlp(request)
+    loss = keras_module.per_example_loss(request)
+    x = tf.constant(request.features)
+    y = tf.constant(keras_module.training_targets(request))
+    return model, (lambda xs, ys: loss(ys, model(xs, training=True))), x, y
+
+
+def test_per_record_jacobian_equals_the_stock_jacobian(keras_module):
+    import tensorflow as tf
+
+    model, record_loss, x, y = _model_and_batch(keras_module, tiny_request(m=9))
+    stock = tf.GradientTape(persistent=True)
+    fast = keras_module.PerRecordJacobianTape(record_loss, (x, y))
+    for tape in (stock, fast):
+        with tape:
+            losses = record_loss(x, y)
+        rows = tape.jacobian(losses, model.trainable_variables, unconnected_gradients="zero")
+        if tape is stock:
+            expected = [r.numpy() for r in rows]
+    assert [r.shape for r in rows] == [(9, *v.shape) for v in model.trainable_variables]
+    for got, want in zip(rows, expected):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert max(np.abs(w).max() for w in expected) > 0.01  # the rows are not trivially zero
+    with pytest.raises(ValueError, match="one loss per record"):
+        fast.jacobian(tf.reduce_sum(losses), model.trainable_variables)
+
+
+@pytest.mark.parametrize("step", ["correct", "no_clipping", "noise_for_mean"])
+def test_dp_step_with_per_record_rows_equals_the_stock_step(keras_module, step):
+    """Without noise the step is deterministic: the stock tape and the per-record tape give the same update,
+    with clipping active (C is far below the rows' norms)."""
+    import tensorflow as tf
+
+    request = tiny_request(m=7)
+    updates = []
+    for use_fast in (False, True):
+        model, record_loss, x, y = _model_and_batch(keras_module, request)
+        before = [v.numpy() for v in model.trainable_variables]
+        optimizer = keras_module.make_dp_optimizer(step, l2_norm_clip=0.05, noise_multiplier=0.0, learning_rate=1.0)
+        tape = keras_module.PerRecordJacobianTape(record_loss, (x, y)) if use_fast else tf.GradientTape()
+        with tape:
+            loss = record_loss(x, y)
+        optimizer.minimize(loss, model.trainable_variables, tape=tape)
+        updates.append([v.numpy() - b for v, b in zip(model.trainable_variables, before)])
+    for fast, stock in zip(updates[1], updates[0]):
+        np.testing.assert_allclose(fast, stock, rtol=1e-4, atol=1e-7)
+    norm = math.sqrt(sum(float(np.sum(u**2)) for u in updates[0]))
+    assert norm > 1e-3
+    if step != "no_clipping":
+        assert norm <= 0.05 + 1e-6  # the mean of rows clipped to C has norm at most C
+
+
+# --- importing TensorFlow through the plugin ----------------------------------------------------------------
+
+FACTORY_LINE = (
+    "2026-11-26 06:27:53.333702: E external/local_xla/xla/stream_executor/cuda/cuda_dnn.cc:9261] Unable to "
+    "register cuDNN factory: Attempting to register factory for plugin cuDNN when one has already been registered\n"
+)
+
+
+def test_only_the_duplicate_factory_lines_are_dropped(tf_privacy):
+    from dpverify_tfprivacy._tf import without_duplicate_factory_lines
+
+    other_error = "2026-11-26 06:27:53.4: E tensorflow/core/foo.cc:1] Could not load dynamic library 'libcudart'\n"
+    text = FACTORY_LINE + other_error + FACTORY_LINE.replace("cuDNN", "cuBLAS") + "Traceback (most recent call last):\n"
+    assert without_duplicate_factory_lines(text) == other_error + "Traceback (most recent call last):\n"
+
+
+def test_plugin_import_prints_no_factory_lines_and_keeps_stderr(tf_privacy):
+    code = (
+        "import sys; import dpverify_tfprivacy._keras, dpverify_tfprivacy._accounting; "
+        "print('still here', file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Unable to register" not in out.stderr
+    assert "still here" in out.stderr

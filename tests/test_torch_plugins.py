@@ -531,3 +531,16 @@ def test_variants_keep_opacus_claim():
         if spec.bug in (8, 10):
             continue
         assert spec.build().train(request).claim == correct, spec.name
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "1"), ("0", "0")])
+def test_opacus_plugin_asks_torch_for_huge_pages_unless_the_user_chose(preset, expected):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if preset is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = preset
+    code = "import os, sys, dpverify_opacus; assert 'torch' not in sys.modules; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected

@@ -13,10 +13,15 @@ noise divided by k, for benchmarks of the smallest noise deficit an audit catche
 language-model contract (:class:`dpverify.contract.SequenceRequest`), with the same engine and the same tweaks.
 
 Importing this package is cheap: torch and opacus are imported inside the implementations' ``train``.
+It sets ``THP_MEM_ALLOC_ENABLE=1`` (unless the user set it) for torch, which reads it at its first
+allocation: hooks mode allocates two fresh (B, out, in) per-sample gradient buffers every step (2 GB each
+at the quick profile), and on 4 KiB pages most of its time went to page faults; torch then backs large
+CPU allocations with transparent huge pages. Only memory pages change, not a single result.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -34,6 +39,8 @@ __all__ = [
 ]
 
 _REQUIRES = ("torch", "opacus")
+
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch's first allocation; see the module docstring
 
 
 class OpacusImplementation(Implementation):

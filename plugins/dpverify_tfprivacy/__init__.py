@@ -1,14 +1,17 @@
-"""TF-Privacy under audit: its Keras DP-SGD optimizer and three deliberately buggy variants of it.
+"""TF-Privacy under audit: its Keras DP-SGD optimizer, its DP Keras model with fast gradient clipping, and
+deliberately buggy variants of each.
 
 ``tf-privacy-keras`` trains the designated MLP with ``tensorflow_privacy.DPKerasSGDOptimizer`` (one example
 per microbatch, per-example losses, Poisson-sampled batches, plain SGD) and claims the ε that TF-Privacy's
 own dp_accounting path states (``compute_dp_sgd_privacy``; calibration with its ``compute_noise``).
 A request with tags (UniAud++) trains the same way with a separate tag head and returns both heads' black
 boxes.
-The variants (rows 1-3 of ``bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
+``tf-privacy-fast-clipping`` trains the same model as TF-Privacy's ``DPModel`` (``make_dp_model_class``)
+with the fast-clipping layer registry (ghost norms), with the same sampler, seeds and claim.
+The variants (rows 1-4 of ``bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
 
 This module does not import tensorflow: listing implementations works without it. Training imports
-:mod:`dpverify_tfprivacy._keras` and :mod:`dpverify_tfprivacy._accounting`, which do.
+:mod:`dpverify_tfprivacy._keras` (or ``_fast_clipping``) and :mod:`dpverify_tfprivacy._accounting`, which do.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, 
 
 __all__ = ["TFPrivacyKeras", "implementations"]
 
+#: The two DP code paths: TF-Privacy's Keras optimizer, and its DP Keras model with fast gradient clipping.
+PATHS: tuple[str, ...] = ("optimizer", "fast_clipping")
+
 _LIBRARY = dict(library="tensorflow-privacy", requires=("tensorflow", "tensorflow_privacy"), extra="tf-privacy")
 
 _NOTES = (
     "DPKerasSGDOptimizer (GenericDPSGDOptimizer over GaussianSumQuery), num_microbatches=None = one example "
-    "per microbatch, per-example losses (Reduction.NONE), SGD. Sampling: TF-Privacy's accountant assumes "
+    "per microbatch, per-example losses (Reduction.NONE), SGD. Per-example rows: the tape handed to "
+    "minimize computes the optimizer's jacobian record by record (tf.vectorized_map over each record's own "
+    "forward and backward pass), the rows GradientTape.jacobian of the batch loss gives, in O(B) instead of "
+    "O(B²) work; the optimizer and its query clip, sum, noise and normalise them. Sampling: TF-Privacy's accountant assumes "
     "Poisson sampling while its usual input pipeline shuffles into fixed-size batches (its own privacy "
     "statement warns that Poisson sampling 'is not usually done in training pipelines'); here the input "
     "pipeline samples each record independently with probability q every step, so the accountant's "
@@ -36,15 +45,33 @@ _NOTES = (
 )
 
 
-class TFPrivacyKeras(Implementation):
-    """TF-Privacy's Keras DP-SGD (``step="correct"``) or one of its mutations (see ``_keras.DP_STEPS``)."""
+_FAST_NOTES = (
+    "tensorflow_privacy.privacy.keras_models.dp_keras_model.make_dp_model_class(tf.keras.Model) with the "
+    "fast-clipping layer registry (make_default_layer_registry: Dense, Embedding), use_xla=False, "
+    "num_microbatches=None, compiled with legacy SGD and a mean-reduced per-record loss; its train_step "
+    "takes the fast path: per-record gradient norms from the Dense layers' inputs and output gradients "
+    "(ghost norms), the loss reweighted by C / max(C, norm), noise N(0, (σC/B)²) on the mean of clipped rows "
+    "(σC on the sum, divided by the realised batch size B). A model with a trainable layer outside the "
+    "registry is refused. Sampling, empty batches and the claim as for tf-privacy-keras: Poisson batches "
+    "from the input pipeline, tensorflow_privacy.compute_dp_sgd_privacy (RDP). Multi-task requests: a "
+    "separate tag head, one Keras loss per record over [main | tags], so each record's whole gradient "
+    "(both heads) is what its norm measures."
+)
 
-    def __init__(self, info: ImplementationInfo, step: str = "correct") -> None:
+
+class TFPrivacyKeras(Implementation):
+    """TF-Privacy's Keras DP-SGD on ``path`` (``"optimizer"``: ``_keras.DP_STEPS``; ``"fast_clipping"``:
+    ``_fast_clipping.FAST_STEPS``), correct (``step="correct"``) or one of its mutations."""
+
+    def __init__(self, info: ImplementationInfo, step: str = "correct", *, path: str = "optimizer") -> None:
+        if path not in PATHS:
+            raise ValueError(f"unknown TF-Privacy path {path!r}; expected one of {', '.join(PATHS)}")
         self.info = info
         self.step = step
+        self.path = path
 
     def train(self, request: TrainingRequest) -> TrainedModel:
-        from dpverify_tfprivacy import _keras  # first: it quiets TensorFlow's C++ log before tensorflow loads
+        from dpverify_tfprivacy import _keras  # first: tensorflow without its CUDA-factory noise
         from dpverify_tfprivacy import _accounting
 
         hp = request.hyperparameters
@@ -58,9 +85,13 @@ class TFPrivacyKeras(Implementation):
             claim = _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta)
         except Exception as exc:
             raise RuntimeError(f"{self.info.name}: TF-Privacy's accountant could not state a claim: {exc}") from exc
+        if self.path == "fast_clipping":
+            from dpverify_tfprivacy import _fast_clipping as trainer
+        else:
+            trainer = _keras
         try:
-            run = _keras.train_mlp(request, self.step, sigma)
-        except FloatingPointError as exc:
+            run = trainer.train_mlp(request, self.step, sigma)
+        except (FloatingPointError, ValueError) as exc:
             raise RuntimeError(f"{self.info.name}: {exc}") from exc
         return TrainedModel(
             predict_log_proba=run.predict_log_proba,
@@ -70,45 +101,62 @@ class TFPrivacyKeras(Implementation):
         )
 
 
-def _variant(name: str, step: str, bug: int, breaks: str, how: str) -> TFPrivacyKeras:
+#: What each bugs.md row breaks, whichever path carries it.
+_BREAKS = {
+    1: "Gaussian noise N(0, σ²C²) must be added to the sum of clipped rows every step; none is.",
+    2: "Each per-example gradient row must be clipped to norm C before summing; rows pass unclipped "
+    "while the noise stays σ·C for the nominal C.",
+    3: "The noise on the sum of clipped rows must have standard deviation σ·C; it is σ·C/B, "
+    "the noise meant for the mean of B rows.",
+    4: "Each record's gradient must be clipped to C; the batch-mean gradient is clipped to C as one row, so "
+    "one record can move it by up to 2C against noise σ·C (a record's pull on the mean is diluted by B, "
+    "so an audit sees it only where one record dominates the batch).",
+}
+
+#: The buggy variants: (name, path, step, bugs.md row, detectability, how it is built).
+_VARIANTS = (
+    ("tf-privacy-no-noise", "optimizer", "no_noise", 1, "D1",
+     "A GaussianSumQuery subclass returns the clipped sum instead of its noised result."),
+    ("tf-privacy-no-clipping", "optimizer", "no_clipping", 2, "D1",
+     "The GaussianSumQuery clips at a huge norm (1e30) with stddev σ·C for the nominal C."),
+    ("tf-privacy-noise-for-mean", "optimizer", "noise_for_mean", 3, "D1",
+     "A GenericDPSGDOptimizer subclass divides the query's stddev by the realised batch size B "
+     "before TF-Privacy's own gradient computation."),
+    ("tf-privacy-fast-clipping-no-noise", "fast_clipping", "no_noise", 1, "D1",
+     "The DP model is built with noise_multiplier 0, so its train_step skips add_aggregate_noise, while "
+     "the accountant is given the claimed σ."),
+    ("tf-privacy-fast-clipping-no-clipping", "fast_clipping", "no_clipping", 2, "D1",
+     "The layer registry's Dense function (TF-Privacy's own, wrapped) reports every record's squared "
+     "norm as 0, so every clip weight is 1."),
+    ("tf-privacy-fast-clipping-noise-for-mean", "fast_clipping", "noise_for_mean", 3, "D1",
+     "A DP model subclass runs the library's train_step with its noise multiplier divided by the realised "
+     "batch size B."),
+    ("tf-privacy-fast-clipping-batch-clipping", "fast_clipping", "batch_clipping", 4, "D3",
+     "The DP model is built with num_microbatches=1: TF-Privacy's microbatch path clips the mean loss's "
+     "gradient over the one microbatch and adds noise σ·C to it."),
+)
+
+
+def _variant(name: str, path: str, step: str, bug: int, detectability: str, how: str) -> TFPrivacyKeras:
     info = ImplementationInfo(
         name=name,
         expected="violation",
-        breaks=breaks,
+        breaks=_BREAKS[bug],
         bug=bug,
-        detectability="D1",
-        notes=f"{how} The claim is the correct run's. " + _NOTES,
+        detectability=detectability,
+        notes=f"{how} The claim is the correct run's. " + (_NOTES if path == "optimizer" else _FAST_NOTES),
         **_LIBRARY,
     )
-    return TFPrivacyKeras(info, step)
+    return TFPrivacyKeras(info, step, path=path)
 
 
 def implementations() -> list[Implementation]:
     """The entry point ``dpverify_tfprivacy:implementations``; imports no tensorflow."""
     return [
         TFPrivacyKeras(ImplementationInfo(name="tf-privacy-keras", notes=_NOTES, **_LIBRARY), "correct"),
-        _variant(
-            "tf-privacy-no-noise",
-            "no_noise",
-            1,
-            "Gaussian noise N(0, σ²C²) must be added to the sum of clipped rows every step; none is.",
-            "A GaussianSumQuery subclass returns the clipped sum instead of its noised result.",
+        TFPrivacyKeras(
+            ImplementationInfo(name="tf-privacy-fast-clipping", notes=_FAST_NOTES, **_LIBRARY),
+            "correct",
+            path="fast_clipping",
         ),
-        _variant(
-            "tf-privacy-no-clipping",
-            "no_clipping",
-            2,
-            "Each per-example gradient row must be clipped to norm C before summing; rows pass unclipped "
-            "while the noise stays σ·C for the nominal C.",
-            "The GaussianSumQuery clips at a huge norm (1e30) with stddev σ·C for the nominal C.",
-        ),
-        _variant(
-            "tf-privacy-noise-for-mean",
-            "noise_for_mean",
-            3,
-            "The noise on the sum of clipped rows must have standard deviation σ·C; it is σ·C/B, "
-            "the noise meant for the mean of B rows.",
-            "A GenericDPSGDOptimizer subclass divides the query's stddev by the realised batch size B "
-            "before TF-Privacy's own gradient computation.",
-        ),
-    ]
+    ] + [_variant(*row) for row in _VARIANTS]

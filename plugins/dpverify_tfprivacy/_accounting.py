@@ -21,6 +21,8 @@ import contextlib
 import io
 import math
 
+from dpverify_tfprivacy import _tf  # noqa: F401  (first: tensorflow without its CUDA-factory noise)
+
 from absl import logging as absl_logging
 from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib, compute_noise_from_budget_lib
 

@@ -1,0 +1,170 @@
+"""TF-Privacy's DP Keras model with fast gradient clipping, and its mutations (imports tensorflow).
+
+One DP step is ``train_step`` of the class ``make_dp_model_class(tf.keras.Model)`` builds
+(``tensorflow_privacy.privacy.keras_models.dp_keras_model``), given the fast-clipping ``layer_registry``
+(``make_default_layer_registry``: ``Dense`` and ``Embedding``). With every trainable layer registered the
+model takes TF-Privacy's "fast" path: one forward and backward pass gives each record's gradient norm
+from the layers' inputs and output gradients (ghost norms, ``clip_grads.compute_gradient_norms``), a
+second backward pass of the loss reweighted by ``C / max(C, norm)`` gives the mean of the clipped rows,
+and ``add_aggregate_noise`` adds N(0, (σC/B)²) to that mean, i.e. σC on the sum divided by the realised
+batch size B, as the optimizer path does. The designated MLP (``Dense`` layers only, a ``Concatenate``
+for UniAud++'s tag head) is fully registered; a model with an unregistered trainable layer is refused
+rather than trained on TF-Privacy's slower per-example fallback.
+
+The variants (:data:`FAST_STEPS`) each change one piece of that path: the noise the model adds, the
+registry's norm computation, the noise scale in ``train_step``, or the microbatching that decides what is
+clipped. ``use_xla`` is off: on the 2-core CPU the fast step takes about 50 ms with or without XLA, and
+XLA recompiles for every new Poisson batch size; the step is traced once per audit instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from dpverify_tfprivacy import _keras  # first: tensorflow without its CUDA-factory noise
+
+import tensorflow as tf  # noqa: E402
+from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry  # noqa: E402
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import dense  # noqa: E402
+from tensorflow_privacy.privacy.keras_models import dp_keras_model  # noqa: E402
+
+from dpverify.contract import TrainingRequest  # noqa: E402
+
+__all__ = [
+    "DPModel",
+    "NoiseForMeanDPModel",
+    "FastStep",
+    "FAST_STEPS",
+    "unclipped_registry",
+    "MultitaskLoss",
+    "make_dp_model",
+    "train_mlp",
+]
+
+#: TF-Privacy's DP version of ``tf.keras.Model`` (functional graphs), as its docs build it.
+DPModel = dp_keras_model.make_dp_model_class(tf.keras.Model)
+
+
+class NoiseForMeanDPModel(DPModel):
+    """Bug 3 (noise scaled for the mean): the library's ``train_step`` with its noise multiplier divided by
+    the realised batch size B for the step, so the mean of clipped rows gets σC/B² (σC/B on the sum)."""
+
+    def train_step(self, data):
+        nominal = self._noise_multiplier
+        batch_size = tf.shape(tf.keras.utils.unpack_x_y_sample_weight(data)[1])[0]
+        self._noise_multiplier = nominal / tf.cast(batch_size, tf.float32)
+        try:
+            return super().train_step(data)
+        finally:
+            self._noise_multiplier = nominal
+
+
+def _dense_without_norms(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
+    """TF-Privacy's ``Dense`` registry function with every squared norm reported as 0."""
+    base_vars, outputs, sqr_norm_fn = dense.dense_layer_computation(
+        layer_instance, input_args, input_kwargs, tape, num_microbatches
+    )
+    return base_vars, outputs, lambda grads: tf.zeros_like(sqr_norm_fn(grads))
+
+
+def unclipped_registry() -> layer_registry.LayerRegistry:
+    """Bug 2 (no clipping): the default registry whose ``Dense`` entry reports norm 0 for every record, so
+    every clip weight is 1 and rows pass unclipped while the noise stays σ·C for the nominal C."""
+    registry = layer_registry.make_default_layer_registry()
+    registry.insert(tf.keras.layers.Dense, _dense_without_norms)
+    return registry
+
+
+@dataclasses.dataclass(frozen=True)
+class FastStep:
+    """How a run builds TF-Privacy's DP model: its class, its layer registry, its microbatches, and whether
+    the model is given the claimed σ (``noised=False``: σ = 0 while the accountant counts the claimed σ)."""
+
+    model_class: type = DPModel
+    registry: Callable[[], layer_registry.LayerRegistry] = layer_registry.make_default_layer_registry
+    num_microbatches: int | None = None
+    noised: bool = True
+
+
+#: The correct step and its mutations, one piece of TF-Privacy's path changed each.
+FAST_STEPS: dict[str, FastStep] = {
+    "correct": FastStep(),
+    "no_noise": FastStep(noised=False),
+    "no_clipping": FastStep(registry=unclipped_registry),
+    "noise_for_mean": FastStep(model_class=NoiseForMeanDPModel),
+    "batch_clipping": FastStep(num_microbatches=1),  # one microbatch: the batch-mean gradient clipped to C
+}
+
+
+class MultitaskLoss(tf.keras.losses.Loss):
+    """UniAud++'s per-record loss (:func:`_keras.multitask_loss`) as a Keras loss, because fast clipping
+    rebuilds the compiled loss from its config with reduction ``NONE`` to get one loss per record."""
+
+    def __init__(self, *, num_classes: int, tag_weight: float, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes, self.tag_weight = num_classes, tag_weight
+
+    def call(self, y_true, y_pred):
+        return _keras.multitask_loss(y_true, y_pred, num_classes=self.num_classes, tag_weight=self.tag_weight)
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "tag_weight": self.tag_weight}
+
+
+def make_dp_model(
+    request: TrainingRequest, step: str, *, noise_multiplier: float, l2_norm_clip: float, learning_rate: float
+) -> tf.keras.Model:
+    """The designated MLP as TF-Privacy's DP model for ``step``, compiled with plain SGD and a mean-reduced
+    per-record loss; ``ValueError`` when TF-Privacy would not take its fast-clipping path for it."""
+    if step not in FAST_STEPS:
+        raise ValueError(f"unknown fast-clipping step {step!r}; expected one of {', '.join(FAST_STEPS)}")
+    how = FAST_STEPS[step]
+    registry = how.registry()
+    model = _keras.build_mlp(
+        request,
+        model_class=lambda **graph: how.model_class(
+            l2_norm_clip=l2_norm_clip,
+            noise_multiplier=noise_multiplier if how.noised else 0.0,
+            num_microbatches=how.num_microbatches,
+            use_xla=False,
+            layer_registry=registry,
+            **graph,
+        ),
+    )
+    if not model._enable_fast_peg_computation:  # noqa: SLF001 (the library's own switch between its two paths)
+        missing = sorted(
+            {type(layer).__name__ for layer in model.layers if layer.trainable_variables and not registry.is_elem(layer)}
+        )
+        raise ValueError(
+            f"{step}: TF-Privacy's fast-clipping registry cannot clip this model: trainable layers {missing} are "
+            "not registered (TF-Privacy registers Dense and Embedding); train other architectures with "
+            "tf-privacy-keras"
+        )
+    if request.num_tags:
+        loss = MultitaskLoss(num_classes=request.num_classes, tag_weight=request.tag_weight)
+    else:
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(learning_rate=learning_rate), loss=loss)
+    return model
+
+
+def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float) -> _keras.KerasRun:
+    """Train the designated MLP on ``request`` with TF-Privacy's fast-clipping DP model (or its mutation)."""
+    hp = request.hyperparameters
+
+    def make_step(features: tf.Tensor, targets: tf.Tensor):
+        model = make_dp_model(
+            request,
+            step,
+            noise_multiplier=noise_multiplier,
+            l2_norm_clip=hp.max_grad_norm,
+            learning_rate=hp.learning_rate,
+        )
+
+        def dp_sgd_step(indices):
+            model.train_step((tf.gather(features, indices), tf.gather(targets, indices)))
+
+        return model, dp_sgd_step, model.optimizer.iterations
+
+    return _keras.train_poisson(request, make_step)
