@@ -102,3 +102,9 @@ def test_null_simulation_refutes_the_true_mechanism_at_most_at_the_stated_level(
         refuted += bool(bound.curve_refuted or bound.epsilon_lower_bound > claimed_eps)
     upper = stats.beta.ppf(0.99, refuted + 1, audits - refuted) if refuted < audits else 1.0
     assert upper <= level, f"{refuted} of {audits} audits refuted a true claim (upper limit {upper:.4f})"
+
+
+def test_split_finds_a_world_whose_scores_fall_in_d_prime():
+    rng = np.random.default_rng(4)
+    bound = two_world_bound(rng.standard_normal(400) + 3, rng.standard_normal(400), delta=DELTA)
+    assert bound.direction == -1 and bound.epsilon_lower_bound > 1.0

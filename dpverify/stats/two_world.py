@@ -65,7 +65,8 @@ class TwoWorldBound:
     and ``gdp_epsilon_lower_bound`` its ε at ``delta`` (valid for mechanisms whose curve is Gaussian).
 
     **Level.** The two tests split 1 − ``confidence`` equally. ``threshold_rule`` "split" chooses each
-    test's threshold on the first ``selection_runs`` runs of each world and counts on the rest; "grid"
+    test's threshold and ``direction`` (+1: "D′ when score > threshold", −1: "D′ when score < threshold")
+    on the first ``selection_runs`` runs of each world and counts on the rest; "grid" (direction +1)
     counts on all runs at every threshold of a grid declared in advance, each at the test's level divided
     by the grid's size (Bonferroni), and keeps the best. ``*_ceiling`` are the largest values these run
     counts could ever give (perfect separation): a claim at or above them cannot be refuted.
@@ -75,12 +76,14 @@ class TwoWorldBound:
     confidence: float
     delta: float
     selection_runs: int
+    direction: int
     threshold: float
     false_positives: int
     negatives: int
     false_negatives: int
     positives: int
     epsilon_lower_bound: float
+    gdp_direction: int
     gdp_threshold: float
     gdp_false_positives: int
     gdp_false_negatives: int
@@ -112,7 +115,8 @@ def two_world_bound(
     ``threshold_rule="split"`` (the default, because a grid can only be declared in the score's units,
     which a new world rarely knows in advance, and because a split is free of Bonferroni's log(grid) cost)
     chooses each test's threshold on the first half of each world's runs (so the runs' order must not
-    depend on their scores) and counts on the second half. ``"grid"`` needs ``thresholds`` declared before
+    depend on their scores) and counts on the second half; it also chooses the direction there, since
+    whether a bug raises or lowers the score in D′ (a larger or a smaller normaliser) is the bug's choice. ``"grid"`` needs ``thresholds`` declared before
     the scores were seen. ``claimed_curve`` (vectorised β(α)) adds the curve verdict; without it the curve
     test's threshold maximises μ_L.
     """
@@ -126,7 +130,7 @@ def two_world_bound(
         if grid.ndim != 1 or not np.all(np.isfinite(grid)):
             raise ValueError(f"thresholds must be a 1-D sequence of finite numbers, got {thresholds!r}")
         selection, eval_d, eval_dprime, test_level = 0, d, dprime, level / 2 / grid.size
-        candidates_eps = candidates_curve = grid
+        eps_choice = curve_choice = (1.0, grid)
     else:
         if thresholds is not None:
             raise ValueError("thresholds are declared for threshold_rule='grid' only; the split chooses its own")
@@ -134,20 +138,27 @@ def two_world_bound(
             if scores.size < 2:
                 raise ValueError(f"{name} must hold >= 2 runs for threshold_rule='split', got {scores.size}")
         selection = min(d.size, dprime.size) // 2
-        select_d, select_dprime = d[:selection], dprime[:selection]
         eval_d, eval_dprime, test_level = d[selection:], dprime[selection:], level / 2
-        pooled = np.unique(np.concatenate([select_d, select_dprime]))
-        pooled = (pooled[:-1] + pooled[1:]) / 2 if pooled.size > 1 else pooled  # midpoints: margin both ways
-        fp, fn = _errors(select_d, select_dprime, pooled)
-        eps_sel = _epsilon(fp, fn, selection, selection, delta, test_level)
-        curve_sel = _curve_margin(fp, fn, selection, selection, test_level, claimed_curve)
-        candidates_eps, candidates_curve = pooled[[np.argmax(eps_sel)]], pooled[[np.argmax(curve_sel)]]
+        eps_rows, curve_rows = [], []
+        for sign in (1.0, -1.0):
+            select_d, select_dprime = sign * d[:selection], sign * dprime[:selection]
+            pooled = np.unique(np.concatenate([select_d, select_dprime]))
+            pooled = (pooled[:-1] + pooled[1:]) / 2 if pooled.size > 1 else pooled  # midpoints: margin both ways
+            fp, fn = _errors(select_d, select_dprime, pooled)
+            eps_sel = _epsilon(fp, fn, selection, selection, delta, test_level)
+            curve_sel = _curve_margin(fp, fn, selection, selection, test_level, claimed_curve)
+            eps_rows.append((eps_sel.max(), sign, pooled[[np.argmax(eps_sel)]]))
+            curve_rows.append((curve_sel.max(), sign, pooled[[np.argmax(curve_sel)]]))
+        eps_choice = max(eps_rows, key=lambda row: row[0])[1:]
+        curve_choice = max(curve_rows, key=lambda row: row[0])[1:]
     n0, n1 = eval_d.size, eval_dprime.size
 
-    fp, fn = _errors(eval_d, eval_dprime, candidates_eps)
+    direction, candidates_eps = eps_choice
+    fp, fn = _errors(direction * eval_d, direction * eval_dprime, candidates_eps)
     eps = _epsilon(fp, fn, n0, n1, delta, test_level)
     best = int(np.argmax(eps))
-    cfp, cfn = _errors(eval_d, eval_dprime, candidates_curve)
+    gdp_direction, candidates_curve = curve_choice
+    cfp, cfn = _errors(gdp_direction * eval_d, gdp_direction * eval_dprime, candidates_curve)
     margin = _curve_margin(cfp, cfn, n0, n1, test_level, claimed_curve)
     best_curve = int(np.argmax(margin))
     mu = _gdp_mu(cfp, cfn, n0, n1, test_level)
@@ -159,13 +170,15 @@ def two_world_bound(
         confidence=float(confidence),
         delta=delta,
         selection_runs=selection,
-        threshold=float(candidates_eps[best]),
+        direction=int(direction),
+        threshold=float(direction * candidates_eps[best]),
         false_positives=int(fp[best]),
         negatives=n0,
         false_negatives=int(fn[best]),
         positives=n1,
         epsilon_lower_bound=float(eps[best]),
-        gdp_threshold=float(candidates_curve[best_curve]),
+        gdp_direction=int(gdp_direction),
+        gdp_threshold=float(gdp_direction * candidates_curve[best_curve]),
         gdp_false_positives=int(cfp[best_curve]),
         gdp_false_negatives=int(cfn[best_curve]),
         gdp_mu_lower_bound=mu_best,
