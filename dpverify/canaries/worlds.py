@@ -128,15 +128,19 @@ def worst_case_record_worlds(
     scale: float = 10.0,
     relation: str = "add_remove",
 ) -> TwoWorlds:
-    """D: ``records`` copies of a base point (label 0); D′ adds (or, replace-one, swaps one base copy for) a
-    far-away target record x* = ``scale``·e₁ with label 1. Score: log p(1 | x*).
+    """A far-away target x* = ``scale``·e₁, probed for log p(1 | x*). Add/remove: D is ``records`` copies
+    of a base point (label 0) and D′ adds (x*, 1). Replace-one: D holds ``records`` − 1 base copies and
+    (x*, 0), D′ the same with (x*, 1).
 
     Targets the noise and clipping rules (bugs.md rows 1-6, 11, 12) with the classic worst case (Nasr et
-    al. 2021): the target's input is far from the base points and large, so its gradient keeps a norm
-    above C at every step and its clipped gradient pulls x*'s logit for class 1 the same way each step;
-    the probe is x* itself, where that pull is largest. A correct full-batch Gaussian mechanism then moves
-    the score by about C per unit of noise σC each step (μ ≈ √steps/σ in the linear regime), so the audit
-    can approach the claim; missing noise or clipping moves it far more.
+    al. 2021): x* is large and far from the base points, so its gradient keeps a norm above C at every
+    step and its clipped gradient pulls x*'s logit for class 1 the same way each step; the probe is x*
+    itself, where that pull is largest. Replace-one flips x*'s label, so the two clipped gradients point
+    exactly opposite ways (2C apart: for one input, the loss gradients of two labels differ by the sign of
+    the output gradient (p − e_y), which is a multiple of (−1, 1) for two classes). A correct full-batch
+    Gaussian mechanism then moves the score by about C (2C) per unit σC of noise each step (μ ≈ √steps/σ,
+    2√steps/σ, in the linear regime), so the audit can approach the claim; missing noise or clipping moves
+    it far more.
     """
     records = check_int("records", records, low=1)
     dimension = check_int("dimension", dimension, low=1)
@@ -147,16 +151,18 @@ def worst_case_record_worlds(
     base[:, -1] = 1.0  # the base points sit on the last axis, orthogonal to x*
     target = np.zeros((1, dimension), dtype=np.float32)
     target[0, 0] = scale
-    base_labels = np.zeros(records, dtype=np.int64)
+    labels = np.zeros(records, dtype=np.int64)
     if relation == "add_remove":
-        features_dprime, labels_dprime = np.concatenate([base, target]), np.append(base_labels, 1)
+        features_d, labels_d = base, labels
+        features_dprime, labels_dprime = np.concatenate([base, target]), np.append(labels, 1)
     else:
-        features_dprime, labels_dprime = np.concatenate([base[:-1], target]), np.append(base_labels[:-1], 1)
+        features_d = features_dprime = np.concatenate([base[:-1], target])
+        labels_d, labels_dprime = labels, np.append(labels[:-1], 1)
     return TwoWorlds(
         name=f"worst-case-record-{relation}-{records}",
         relation=relation,
-        features_d=base,
-        labels_d=base_labels,
+        features_d=features_d,
+        labels_d=labels_d,
         features_dprime=features_dprime,
         labels_dprime=labels_dprime,
         num_classes=num_classes,
