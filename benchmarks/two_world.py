@@ -21,7 +21,6 @@ import math
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +130,20 @@ def finding(args: argparse.Namespace) -> None:
         )  # fmt: skip
         lines.append(_row(result, note))
         print(lines[-1], flush=True)
+    lines += [
+        "",
+        "What each run derives from its dataset (Opacus 1.6.0 `make_private`: q = 1/len(loader), "
+        "expected_batch_size = int(len(dataset)·q); the user's loop runs len(loader) steps an epoch):",
+        "",
+        "- `opacus-dataloader` (B = round(q·N)), `opacus-ghost` (a loader of 1/q batches) and `reference-dpsgd` "
+        "(q·N): q = 1 and one step in both worlds, normaliser 2 vs 3, so the noise on every output differs by 3/2;",
+        "- `opacus-dataloader-b2`: D has q = 1, normaliser 2, one step; D′ has q = 1/2, normaliser int(3/2) = 1, "
+        "two steps (Opacus #571's setting), and Opacus claims a different ε for D′;",
+        "- `opacus-dataloader-b64`: D has q = 1, normaliser 64, one step; D′ has q = 1/2, normaliser 32, two steps.",
+        "",
+        "ε_L at its ceiling means no run of D scored on D′'s side of the threshold or back: the worlds never "
+        "overlapped (the score ranges), so more runs would raise ε_L without limit.",
+    ]
     _write(args.output or "two-world-finding.md", lines)
 
 
@@ -181,14 +194,17 @@ def false_alarms(args: argparse.Namespace) -> None:
 
 def power(args: argparse.Namespace) -> None:
     """ε_L against the claim of a correct full-batch Gaussian mechanism (the reference, replace-one)."""
-    world = worst_case_record_worlds(records=1, relation="replace_one")
+    world = worst_case_record_worlds(records=1, relation="replace_one", scale=args.scale)
     lines = header(
         "Two-world audit: power against a correct Gaussian mechanism",
         args,
         [
             f"- implementation: reference-dpsgd; world: {world.name} (labels of x* flipped, so the two clipped "
             "gradients are 2C apart); score log p(1 | x*)",
-            f"- q = 1, {args.steps} step(s), lr {args.lr}, C = 1, δ = {DELTA}; MLP 16 → 16 → 2; σ chosen so that the "
+            f"- x* = {args.scale:g}·e₁; q = 1, {args.steps} step(s), "
+            f"{f'lr {args.lr}' if args.noise_step is None else f'lr = {args.noise_step}/(σC)'}, C = {args.clip}, "
+            f"δ = {DELTA}; MLP 16 → "
+            f"{args.hidden} → 2; σ chosen so that the "
             "exact replace-one GDP ε (μ = 2√steps/σ) is the target; 95 % confidence, split threshold",
             "- ε_L: the Clopper–Pearson (ε, δ) test; GDP ε_L: the ε at δ of the largest μ the curve test refutes "
             "(sound only for a mechanism whose trade-off curve is Gaussian, as this one's is)",
@@ -201,10 +217,14 @@ def power(args: argparse.Namespace) -> None:
     for target in args.epsilons:
         mu = _mu_for_epsilon(target)
         sigma = 2 * math.sqrt(args.steps) / mu
-        hp = DPHyperparameters(noise_multiplier=sigma, sampling_rate=1.0, epochs=args.steps, learning_rate=args.lr, delta=DELTA)
+        lr = args.lr if args.noise_step is None else args.noise_step / (sigma * args.clip)
+        hp = DPHyperparameters(
+            noise_multiplier=sigma, sampling_rate=1.0, epochs=args.steps, learning_rate=lr, delta=DELTA,
+            max_grad_norm=args.clip,
+        )  # fmt: skip
         result = run_two_world_audit(
             implementation("reference-dpsgd"), world=world, runs=args.runs, hyperparameters=hp,
-            architecture=MLPArchitecture(hidden_width=16), confidence=0.95, seed=0,
+            architecture=MLPArchitecture(hidden_width=args.hidden), confidence=0.95, seed=args.seed,
         )  # fmt: skip
         b = result.bound
         lines.append(
@@ -267,6 +287,10 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1.0)
+    parser.add_argument("--noise-step", type=float, help="power: lr·σ·C, the noise's std per coordinate in the update")
+    parser.add_argument("--scale", type=float, default=10.0, help="power: x* = scale·e₁")
+    parser.add_argument("--clip", type=float, default=1.0, help="power: the clipping norm C")
+    parser.add_argument("--seed", type=int, default=0, help="power: the audit seed (pilots use others)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
     parser.add_argument("--no-cache-claims", dest="cache_claims", action="store_false")

@@ -26,7 +26,14 @@ from dpverify.audits.steps import (
 )
 from dpverify.canaries.worlds import TwoWorlds
 from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture, PrivacyClaim, TrainingRequest
-from dpverify.stats.two_world import TradeOffCurve, TwoWorldBound, gdp_curve, runs_needed, two_world_bound, two_world_ceiling
+from dpverify.stats.two_world import (
+    TradeOffCurve,
+    TwoWorldBound,
+    gdp_curve,
+    runs_needed,
+    two_world_bound,
+    two_world_ceiling,
+)
 
 __all__ = ["TwoWorldResult", "full_batch_gdp_mu", "run_two_world_audit"]
 
@@ -151,7 +158,7 @@ def run_two_world_audit(
     seeds = np.random.SeedSequence(seed).generate_state(2 * runs, dtype=np.uint32) % 2**31
     scores: dict[str, list[float]] = {"d": [], "dprime": []}
     claims: dict[str, set] = {"d": set(), "dprime": set()}
-    derivations, mus = [], []
+    mus: list[float | None] = []
     converted: dict[tuple, tuple[float, str]] = {}
     try:
         for i in range(runs):
@@ -167,21 +174,23 @@ def run_two_world_audit(
                     device=device,
                 )
                 trained = train_through_contract(implementation, request)
-                log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
+                shape = (len(world.probes), world.num_classes)
+                log_probs = query_black_box(trained, world.probes, expected_shape=shape)
                 scores[which].append(world.score_log_probs(log_probs))
                 claim = trained.claim
-                key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta, claim.relation)
+                key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
+                       claim.relation)  # fmt: skip
                 if key not in converted:  # converting a claim may run an accountant: once per distinct claim
                     converted[key] = claimed_epsilon(trained, world.relation)
-                epsilon, derivation = converted[key]
-                claims[which].add(epsilon)
-                derivations.append(derivation)
+                claims[which].add(converted[key][0])
                 mus.append(curve_for_claim(trained.claim, world.relation) if curve_for_claim else None)
             if (i + 1) % max(1, runs // 10) == 0:
                 say(f"{i + 1} of {runs} runs per world")
         for which in ("d", "dprime"):
             if len(claims[which]) != 1:
-                raise AuditFailure(f"it claimed different ε in runs on the same dataset ({which}): {sorted(claims[which])}")
+                raise AuditFailure(
+                    f"it claimed different ε in runs on the same dataset ({which}): {sorted(claims[which])}"
+                )
     except AuditFailure as failure:
         return TwoWorldResult(
             **common,
@@ -212,7 +221,7 @@ def run_two_world_audit(
         claimed_epsilon=claimed,
         claimed_epsilon_d=eps_d,
         claimed_epsilon_dprime=eps_dprime,
-        claim_derivation=derivations[0],
+        claim_derivation=next(iter(converted.values()))[1],
         claimed_mu=claimed_mu,
         runs_needed=runs_needed(claimed, delta=delta, confidence=confidence, mu=claimed_mu) if cannot else None,
         bound=bound,

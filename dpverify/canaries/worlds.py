@@ -72,7 +72,8 @@ class TwoWorlds:
     def score_log_probs(self, log_probs: np.ndarray) -> float:
         """The world's score of one trained model from its log-probabilities on :attr:`probes` (k × C)."""
         if log_probs.shape != (self.probes.shape[0], self.num_classes):
-            raise ValueError(f"log_probs must have shape {(self.probes.shape[0], self.num_classes)}, got {log_probs.shape}")
+            expected = (self.probes.shape[0], self.num_classes)
+            raise ValueError(f"log_probs must have shape {expected}, got {log_probs.shape}")
         if self.score == "output_spread":
             return float(np.mean(np.std(log_probs, axis=1)))
         return float(np.mean(log_probs[:, self.target_class]))
@@ -145,7 +146,7 @@ def worst_case_record_worlds(
     records = check_int("records", records, low=1)
     dimension = check_int("dimension", dimension, low=1)
     num_classes = check_int("num_classes", num_classes, low=2)
-    scale = check_real("scale", scale, low=0.0, low_open=True)
+    scale = check_real("scale", scale, low=0.0)
     check_choice("relation", relation, RELATIONS)
     base = np.zeros((records, dimension), dtype=np.float32)
     base[:, -1] = 1.0  # the base points sit on the last axis, orthogonal to x*

@@ -116,7 +116,8 @@ def two_world_bound(
     which a new world rarely knows in advance, and because a split is free of Bonferroni's log(grid) cost)
     chooses each test's threshold on the first half of each world's runs (so the runs' order must not
     depend on their scores) and counts on the second half; it also chooses the direction there, since
-    whether a bug raises or lowers the score in D′ (a larger or a smaller normaliser) is the bug's choice. ``"grid"`` needs ``thresholds`` declared before
+    whether a bug raises or lowers the score in D′ (a larger or a smaller normaliser) is the bug's choice.
+    ``"grid"`` needs ``thresholds`` declared before
     the scores were seen. ``claimed_curve`` (vectorised β(α)) adds the curve verdict; without it the curve
     test's threshold maximises μ_L.
     """

@@ -95,7 +95,9 @@ class OpacusDataLoaderImplementation(Implementation):
         )
 
 
-def dataloader_implementation(batch_size: int | None = None, *, grad_sample_mode: str = "ghost") -> OpacusDataLoaderImplementation:
+def dataloader_implementation(
+    batch_size: int | None = None, *, grad_sample_mode: str = "ghost"
+) -> OpacusDataLoaderImplementation:
     """``opacus-dataloader`` (``batch_size=None``, registered) or, for a user's constant B, the same
     library path named ``opacus-dataloader-b<B>`` (not registered)."""
     suffix = "" if batch_size is None else f"-b{batch_size}"
