@@ -127,3 +127,22 @@ def test_full_batch_claims_assert_a_gdp_curve_and_subsampled_ones_do_not():
     assert full_batch_gdp_mu(claim, "replace_one") == pytest.approx(2.0)
     subsampled = PrivacyClaim(epsilon=1.0, delta=1e-5, accountant="x", noise_multiplier=2.0, sampling_rate=0.5, steps=4)
     assert full_batch_gdp_mu(subsampled, "add_remove") is None
+
+
+def test_opacus_on_a_users_data_loader_derives_the_rate_and_steps_from_the_dataset_size():
+    """What makes Opacus #571 observable: with DataLoader(batch_size=2), 2 records give q = 1 and one step an
+    epoch, 3 records q = 1/2 and two steps (and another claim), with nothing else changed."""
+    pytest.importorskip("opacus")
+    from dpverify.contract import TrainingRequest
+    from dpverify_opacus import dataloader_implementation
+
+    world = dataset_size_worlds(records=2, num_classes=4)
+    hp = DPHyperparameters(noise_multiplier=3.0, **FULL_BATCH)
+    claims = []
+    for which in ("d", "dprime"):
+        features, labels = world.dataset(which)
+        request = TrainingRequest(features=features, labels=labels, num_classes=4, architecture=SMALL, hyperparameters=hp)
+        claims.append(dataloader_implementation(2).train(request).claim)
+    assert (claims[0].sampling_rate, claims[0].steps) == (1.0, 1)
+    assert (claims[1].sampling_rate, claims[1].steps) == (0.5, 2)
+    assert claims[0].epsilon != claims[1].epsilon
