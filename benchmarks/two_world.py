@@ -246,13 +246,13 @@ def speed(args: argparse.Namespace) -> None:
         args,
         [f"- world: {world.name}; σ = 2, q = 1, 1 step; MLP 16 → 16 → 2; {args.runs} runs per world"],
     )
-    lines += ["| implementation | s per 1000 runs | of which the claim (accountant) |", "|---|---|---|"]
+    lines += ["| implementation | s per 1000 runs (training, claim, black box, score) |", "|---|---|"]
     for name in args.implementations:
         result = run_two_world_audit(
             implementation(name), world=world, runs=args.runs, hyperparameters=hp,
             architecture=MLPArchitecture(hidden_width=16), seed=0,
         )  # fmt: skip
-        lines.append(f"| {name} | {1000 * result.seconds_per_run:.1f} | see module docstring |")
+        lines.append(f"| {name} | {1000 * result.seconds_per_run:.1f} |")
         print(lines[-1], flush=True)
     _write(args.output or "two-world-speed.md", lines)
 
