@@ -141,7 +141,8 @@ def worst_case_record_worlds(
     the output gradient (p − e_y), which is a multiple of (−1, 1) for two classes). A correct full-batch
     Gaussian mechanism then moves the score by about C (2C) per unit σC of noise each step (μ ≈ √steps/σ,
     2√steps/σ, in the linear regime), so the audit can approach the claim; missing noise or clipping moves
-    it far more.
+    it far more. ``scale=0`` puts x* at the origin, where the first layer's weights get no gradient and
+    their noise does not reach the probe (the power benchmark's setting, with hidden width 1).
     """
     records = check_int("records", records, low=1)
     dimension = check_int("dimension", dimension, low=1)
