@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from dpverify.stats.bounds import _gdp_epsilon, clopper_pearson_epsilon
-from dpverify.stats.two_world import gdp_curve, runs_needed, two_world_bound, two_world_ceiling
+from dpverify.stats.two_world import curve_refutable, gdp_curve, runs_needed, two_world_bound, two_world_ceiling
 
 DELTA = 1e-5
 
@@ -108,3 +108,9 @@ def test_split_finds_a_world_whose_scores_fall_in_d_prime():
     rng = np.random.default_rng(4)
     bound = two_world_bound(rng.standard_normal(400) + 3, rng.standard_normal(400), delta=DELTA)
     assert bound.direction == -1 and bound.epsilon_lower_bound > 1.0
+
+
+def test_a_curve_is_refutable_only_when_perfect_separation_lies_below_it():
+    _, mu_ceiling = two_world_ceiling(100, delta=DELTA)
+    assert curve_refutable(gdp_curve(0.9 * mu_ceiling), 100)
+    assert not curve_refutable(gdp_curve(1.1 * mu_ceiling), 100)

@@ -29,17 +29,18 @@ from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture
 from dpverify.stats.two_world import (
     TradeOffCurve,
     TwoWorldBound,
+    curve_refutable,
     gdp_curve,
     runs_needed,
     two_world_bound,
     two_world_ceiling,
 )
 
-__all__ = ["TwoWorldResult", "full_batch_gdp_mu", "run_two_world_audit"]
+__all__ = ["TwoWorldResult", "full_batch_gdp_curve", "full_batch_gdp_mu", "run_two_world_audit"]
 
 Progress = Callable[[str], None]
-#: Maps a claim and the world's relation to the trade-off curve the claim asserts, or ``None``.
-CurveForClaim = Callable[[PrivacyClaim, str], "float | None"]
+#: Maps a claim and the world's relation to the trade-off curve β(α) the claim asserts, or ``None``.
+CurveForClaim = Callable[[PrivacyClaim, str], "TradeOffCurve | None"]
 
 
 def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
@@ -50,6 +51,12 @@ def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
     return (2.0 if relation == "replace_one" else 1.0) * math.sqrt(claim.steps) / claim.noise_multiplier
 
 
+def full_batch_gdp_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve | None:
+    """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts."""
+    mu = full_batch_gdp_mu(claim, relation)
+    return None if mu is None else gdp_curve(mu)
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class TwoWorldResult:
     """The outcome of one two-world audit.
@@ -57,9 +64,10 @@ class TwoWorldResult:
     ``claimed_epsilon`` is the larger of the claims made in D and in D′ (``claimed_epsilon_d``,
     ``claimed_epsilon_dprime``; an implementation whose accountant reads the dataset may claim different ε
     in the two worlds, and each claim asserts the pair), in the world's ``relation``. ``claimed_mu`` is the
-    GDP μ the claims assert, if any (the larger of the two). Verdict: ``violation`` when the (ε, δ) test's
-    ε_L exceeds ``claimed_epsilon`` or the curve test refutes μ-GDP at ``claimed_mu`` (the two tests
-    share ``confidence``); ``undecided`` when the runs' ceilings could not refute the claim however the
+    GDP μ full-batch claims assert (the larger of the two; ``None`` for q < 1), for the report. Verdict:
+    ``violation`` when the (ε, δ) test's ε_L exceeds ``claimed_epsilon`` or the curve test refutes the
+    claimed curve (the pointwise lower of the two worlds'; the two tests share ``confidence``);
+    ``undecided`` when the runs' ceilings could not refute the claim however the
     scores fell (``runs_needed`` per world would); ``error`` when a run failed; else ``pass``.
     """
 
@@ -106,7 +114,7 @@ def run_two_world_audit(
     confidence: float = 0.95,
     seed: int = 0,
     device: str = "cpu",
-    curve_for_claim: CurveForClaim | None = full_batch_gdp_mu,
+    curve_for_claim: CurveForClaim | None = full_batch_gdp_curve,
     progress: Progress | None = None,
 ) -> TwoWorldResult:
     """Train ``implementation`` ``runs`` times on each of ``world``'s datasets through the contract, score
@@ -115,9 +123,9 @@ def run_two_world_audit(
     Runs alternate D, D′ so that drift in the machine affects both worlds alike; the trainer's seeds come
     from one :class:`numpy.random.SeedSequence` of ``seed``, fresh for every run. The ceilings are computed
     before training; a target ε at or above the (ε, δ) ceiling ends the audit as ``undecided`` without
-    training when no curve test can apply. ``curve_for_claim`` gives the GDP μ a claim asserts (the
-    default only for full batches, where it is exact; ``None``: no curve test); plug in another to test a
-    curve for q < 1.
+    training when no curve test can apply. ``curve_for_claim`` gives the trade-off curve a claim asserts
+    (the default only for full batches, where GDP is exact; ``None``: no curve test); plug in another to
+    test a curve for q < 1.
     """
     runs = check_int("runs", runs, low=2)
     check_probability("confidence", confidence)
@@ -140,7 +148,8 @@ def run_two_world_audit(
     )
     say(f"{runs} runs per world can refute at most ε = {eps_ceiling:.3f} (or GDP μ = {mu_ceiling:.3f})")
     target = hyperparameters.target_epsilon
-    no_curve = curve_for_claim is None or (curve_for_claim is full_batch_gdp_mu and hyperparameters.sampling_rate < 1)
+    subsampled = hyperparameters.sampling_rate < 1
+    no_curve = curve_for_claim is None or (curve_for_claim is full_batch_gdp_curve and subsampled)
     if target is not None and target >= eps_ceiling and no_curve:
         return TwoWorldResult(
             **common,
@@ -158,6 +167,7 @@ def run_two_world_audit(
     seeds = np.random.SeedSequence(seed).generate_state(2 * runs, dtype=np.uint32) % 2**31
     scores: dict[str, list[float]] = {"d": [], "dprime": []}
     claims: dict[str, set] = {"d": set(), "dprime": set()}
+    curves: list[TradeOffCurve | None] = []
     mus: list[float | None] = []
     converted: dict[tuple, tuple[float, str]] = {}
     try:
@@ -182,8 +192,9 @@ def run_two_world_audit(
                        claim.relation)  # fmt: skip
                 if key not in converted:  # converting a claim may run an accountant: once per distinct claim
                     converted[key] = claimed_epsilon(trained, world.relation)
+                    curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
+                    mus.append(full_batch_gdp_mu(claim, world.relation))
                 claims[which].add(converted[key][0])
-                mus.append(curve_for_claim(trained.claim, world.relation) if curve_for_claim else None)
             if (i + 1) % max(1, runs // 10) == 0:
                 say(f"{i + 1} of {runs} runs per world")
         for which in ("d", "dprime"):
@@ -211,10 +222,12 @@ def run_two_world_audit(
     eps_d, eps_dprime = claims["d"].pop(), claims["dprime"].pop()
     claimed = max(eps_d, eps_dprime)
     claimed_mu = None if any(mu is None for mu in mus) else max(mus)
-    curve: TradeOffCurve | None = gdp_curve(claimed_mu) if claimed_mu is not None else None
+    curve: TradeOffCurve | None = None
+    if all(c is not None for c in curves):
+        curve = curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
     bound = two_world_bound(scores["d"], scores["dprime"], delta=delta, confidence=confidence, claimed_curve=curve)
     violated = bound.epsilon_lower_bound > claimed or bound.refutes
-    cannot = claimed >= eps_ceiling and (claimed_mu is None or claimed_mu >= mu_ceiling)
+    cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=confidence))
     verdict = "violation" if violated else "undecided" if cannot else "pass"
     return TwoWorldResult(
         **common,

@@ -23,6 +23,7 @@ from dpverify.stats.bounds import _clopper_pearson_upper, _gdp_epsilon, clopper_
 __all__ = [
     "THRESHOLD_RULES",
     "TwoWorldBound",
+    "curve_refutable",
     "gdp_curve",
     "runs_needed",
     "two_world_bound",
@@ -196,13 +197,28 @@ def two_world_ceiling(
 ) -> tuple[float, float]:
     """``(ε ceiling, GDP μ ceiling)`` of an audit with ``runs`` runs per world, known before any training:
     the (ε, δ) bound and the GDP μ_L when the two worlds' scores separate perfectly."""
+    n, test_level = _plan(runs, confidence, threshold_rule, grid_size)
+    return _ceilings(n, n, check_probability("delta", delta), test_level)[:2]
+
+
+def curve_refutable(
+    curve: TradeOffCurve, runs: int, *, confidence: float = 0.95, threshold_rule: str = "split", grid_size: int = 1
+) -> bool:
+    """Whether ``runs`` runs per world could refute ``curve`` at all: does the corrected point of perfect
+    separation, (ᾱ, β̄) with no error either way, lie below it? If not, the curve test is vacuous."""
+    n, test_level = _plan(runs, confidence, threshold_rule, grid_size)
+    best = _upper_rates(0, 0, n, n, test_level)[0]
+    return bool(np.asarray(curve(best), dtype=float) > best)
+
+
+def _plan(runs: int, confidence: float, threshold_rule: str, grid_size: int) -> tuple[int, float]:
+    """(runs a side that are counted, each test's level) of an audit with ``runs`` runs per world."""
     runs = check_int("runs", runs, low=2)
     check_choice("threshold_rule", threshold_rule, THRESHOLD_RULES)
     grid_size = check_int("grid_size", grid_size, low=1)
-    delta, level = check_probability("delta", delta), 1.0 - check_probability("confidence", confidence)
+    level = 1.0 - check_probability("confidence", confidence)
     n = runs - runs // 2 if threshold_rule == "split" else runs
-    test_level = level / 2 / (grid_size if threshold_rule == "grid" else 1)
-    return _ceilings(n, n, delta, test_level)[:2]
+    return n, level / 2 / (grid_size if threshold_rule == "grid" else 1)
 
 
 def runs_needed(
