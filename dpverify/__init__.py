@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AuditConfig": "dpverify.config",
     "profile_config": "dpverify.config",
-    "run_audit": "dpverify.audits.steps",
+    "run_audit": "dpverify.audits",
     "AuditResult": "dpverify.results",
     "DPViolation": "dpverify.results",
     "AuditError": "dpverify.results",
@@ -25,8 +25,9 @@ _EXPORTS = {
     "registered_implementations": "dpverify.registry",
     "LanguageAuditConfig": "dpverify.audits.language",
     "run_language_audit": "dpverify.audits.language",
-    "SequenceRequest": "dpverify.audits.language",
-    "SequenceModel": "dpverify.audits.language",
+    "SequenceRequest": "dpverify.contract",
+    "SequenceModel": "dpverify.contract",
+    "LanguageImplementation": "dpverify.contract",
     "epsilon_lower_bound": "dpverify.stats.bounds",
     "optimal_epsilon": "dpverify.stats.bounds",
 }

@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from dpverify.pytest import options
-from dpverify.config import DESIGNS
+from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     audit = commands.add_parser("audit", help="audit registered implementations (the level is shared among them)")
     audit.add_argument("names", nargs="*", help="implementation names or glob patterns (see `dpverify list`)")
     audit.add_argument("--all", action="store_true", help="audit every registered, available implementation")
-    audit.add_argument("--profile", choices=options.PROFILE_CHOICES, default="quick")
+    audit.add_argument("--profile", choices=PROFILE_NAMES, default="quick")
     audit.add_argument("--epsilon", type=float, default=2.0, help="target ε to calibrate to (inf: non-private)")
     audit.add_argument(
         "--design",
@@ -41,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--confidence", type=float, default=0.95, help="confidence for all audits of this run together")
     audit.add_argument("--seed", type=int, default=0)
-    audit.add_argument("--device", choices=options.DEVICE_CHOICES, default="auto")
+    audit.add_argument("--device", choices=DEVICES, default="auto")
     audit.add_argument("--report", metavar="PATH", help="write the JSON report (the pytest plugin's shape)")
     audit.add_argument("--plots", metavar="DIR", help="write per-audit PNG plots (needs matplotlib)")
 
@@ -88,7 +87,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from dpverify.audits.steps import run_audit
+    from dpverify.audits import run_audit
     from dpverify.registry import registered_implementations
     from dpverify.session import AuditSession, outcome_as_expected
 
@@ -112,7 +111,7 @@ def _audit(args: argparse.Namespace) -> int:
     session.planned_audits = sum(impl.info.expected == "private" for impl in chosen)
     overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
     overrides.update(_settings(args.settings))
-    print(session.header(), file=sys.stderr)
+    print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     for index, implementation in enumerate(chosen, start=1):
         reason = implementation.unavailable_reason()
         if reason:

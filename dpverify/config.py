@@ -56,8 +56,10 @@ class AuditConfig:
     confidence: float = 0.95
     seed: int = 0
     device: str = "auto"
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
+        check_timeout(self.timeout)
         check_choice("design", self.design, DESIGNS)
         check_choice("score", self.score, ("auto",) + SCORE_KINDS)
         check_choice("device", self.device, DEVICES)
@@ -108,7 +110,7 @@ HYPERPARAMETER_FIELDS = (
     "learning_rate",
     "delta",
 )
-TOP_FIELDS = ("design", "score", "confidence", "seed", "device")
+TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout")
 GUESS_FIELDS = ("guesses", "sides")
 #: ``m`` goes to ``data`` instead of ``canaries`` when the (resulting) design is data-dependent.
 DATA_FIELDS = (
@@ -153,12 +155,20 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
     )
 
 
+def check_timeout(timeout: Any) -> None:
+    """A time limit is a number of seconds > 0, or ``None`` for none."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
+
+
 def override_hyperparameters(hyperparameters: DPHyperparameters, overrides: dict[str, Any]) -> DPHyperparameters:
     """``hyperparameters`` with the flat :data:`HYPERPARAMETER_FIELDS` and ``epsilon`` in ``overrides``:
     a target ε replaces a noise multiplier and vice versa; ε = ∞ means σ = 0 (non-private training)."""
     hyper = {k: overrides[k] for k in HYPERPARAMETER_FIELDS if k in overrides}
     if "epsilon" in overrides:
         epsilon = overrides["epsilon"]
+        if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0):
+            raise ValueError(f"epsilon must be a number > 0 (or inf for non-private training), got {epsilon!r}")
         if epsilon is not None and float(epsilon) == float("inf"):
             hyper.update(noise_multiplier=0.0, target_epsilon=None)
         else:
@@ -183,9 +193,18 @@ def override_guess_rule(guess_rule: GuessRule, overrides: dict[str, Any]) -> Gue
 
 
 def _profile(
-    *, m: int, dimension: int, hidden_width: int, num_classes: int, sampling_rate: float, epochs: int, learning_rate: float
+    *,
+    m: int,
+    dimension: int,
+    hidden_width: int,
+    num_classes: int,
+    sampling_rate: float,
+    epochs: int,
+    learning_rate: float,
+    timeout: float,
 ) -> AuditConfig:
     return AuditConfig(
+        timeout=timeout,
         canaries=CanaryConfig(m=m, dimension=dimension, num_classes=num_classes),
         architecture=MLPArchitecture(hidden_width=hidden_width),
         hyperparameters=DPHyperparameters(
@@ -194,7 +213,8 @@ def _profile(
     )
 
 
-#: Named starting points, chosen from the sweeps in benchmarks/results/. ``quick`` (what CI runs on a
+#: Named starting points, chosen from the sweeps in benchmarks/results/. Each has a generous time limit for
+#: one audit's training: ~10x the slowest bundled implementation measured on a busy 2-core CPU (quick). ``quick`` (what CI runs on a
 #: 2-core CPU) and ``standard`` train full-batch (q = 1): for a given ε the one-run audit is tightest when
 #: the mechanism is an unsubsampled Gaussian, and it costs the same example-gradients as q = 0.1 over
 #: ten times the steps. A full batch averages each record's clipped gradient over N, so the learning rate
@@ -204,13 +224,16 @@ def _profile(
 #: which wants a GPU.
 PROFILES: dict[str, AuditConfig] = {
     "quick": _profile(
-        m=1000, dimension=1000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0
+        m=1000, dimension=1000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0,
+        timeout=1800,
     ),
     "standard": _profile(
-        m=2000, dimension=2000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0
+        m=2000, dimension=2000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0,
+        timeout=3600,
     ),
     "paper": _profile(
-        m=10_000, dimension=1000, hidden_width=100_000, num_classes=1000, sampling_rate=0.1, epochs=50, learning_rate=0.5
+        m=10_000, dimension=1000, hidden_width=100_000, num_classes=1000, sampling_rate=0.1, epochs=50, learning_rate=0.5,
+        timeout=14_400,
     ),
 }
 PROFILE_NAMES: tuple[str, ...] = tuple(PROFILES)
@@ -220,3 +243,21 @@ def profile_config(name: str, **overrides: Any) -> AuditConfig:
     """The named profile with ``overrides`` applied (see :func:`apply_overrides`)."""
     check_choice("profile", name, PROFILE_NAMES)
     return apply_overrides(PROFILES[name], overrides)
+
+
+def parse_settings(pairs: Any) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs (``--set``, ``--dp-audit-set``) as overrides: VALUE is a Python literal, or a
+    string when it is none; an unknown NAME is a ``ValueError`` listing the known ones."""
+    import ast
+
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"a setting takes NAME=VALUE, got {pair!r}")
+        try:
+            settings[name] = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            settings[name] = text.strip()
+    return settings

@@ -1,9 +1,12 @@
 """The contract between the auditor and a DP training implementation under audit.
 
-The auditor designates the task in a :class:`TrainingRequest`; the implementation trains with its own DP
-code and hands back a :class:`TrainedModel`: a black box from features to per-class log-probabilities,
-and its own :class:`PrivacyClaim`. Nothing else crosses back, and the auditor's secret membership bits
-never cross at all. This module is framework-free: it imports numpy only.
+The auditor designates the task in a :class:`Request` (hyperparameters, seed, device) whose payload is the
+task's: a :class:`TrainingRequest` (canaries for an MLP classifier, optionally with UniAud++ tags) or a
+:class:`SequenceRequest` (token sequences for a causal transformer). The implementation trains with its own
+DP code and hands back a black box and its own :class:`PrivacyClaim`: a :class:`TrainedModel` (features to
+per-class log-probabilities) or a :class:`SequenceModel` (sequences to next-token log-probabilities).
+Nothing else crosses back, and the auditor's secret membership bits never cross at all. This module is
+framework-free: it imports numpy only.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import numpy as np
 from dpverify._validation import check_choice, check_int, check_real
 
 Relation = Literal["add_remove", "replace_one"]
-Expected = Literal["private", "violation"]
+Expected = Literal["private", "violation", "known-issue"]
+EXPECTATIONS: tuple[str, ...] = ("private", "violation", "known-issue")
 Detectability = Literal["D1", "D2", "D3", "D4"]
 Task = Literal["classification", "language"]
 
@@ -39,6 +43,25 @@ class MLPArchitecture:
 
     def __post_init__(self) -> None:
         check_int("hidden_width", self.hidden_width, low=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerArchitecture:
+    """The designated model: a causal transformer of ``layers`` pre-norm blocks, ``width``-dimensional
+    token and position embeddings, ``heads`` attention heads and an LM head, randomly initialised."""
+
+    layers: int = 1
+    width: int = 64
+    heads: int = 4
+    max_sequence_length: int = 32
+
+    def __post_init__(self) -> None:
+        check_int("layers", self.layers, low=1)
+        check_int("width", self.width, low=1)
+        check_int("heads", self.heads, low=1)
+        check_int("max_sequence_length", self.max_sequence_length, low=2)
+        if self.width % self.heads:
+            raise ValueError(f"width must be a multiple of heads, got width={self.width}, heads={self.heads}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +108,23 @@ class DPHyperparameters:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class TrainingRequest:
-    """What the auditor sends: canaries, the task, the architecture, hyperparameters, seed and device.
+class Request:
+    """What every request carries, whatever the task: the DP hyperparameters, the trainer's seed and the
+    device to train on. The task's payload (canaries and an MLP, token sequences and a transformer) is a
+    subclass: :class:`TrainingRequest` or :class:`SequenceRequest`."""
+
+    hyperparameters: DPHyperparameters
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        check_int("seed", self.seed, low=0)
+        check_choice("device", self.device, ("cpu", "cuda"))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class TrainingRequest(Request):
+    """A classification request: canaries, the number of classes and the designated MLP.
 
     A multi-task request (UniAud++, paper section 5) also carries ``tags`` ((n, H) int64 in
     [0, ``num_tags``), −1 where a record carries no tag) for a separate tag head of ``num_tags`` classes on
@@ -99,17 +137,13 @@ class TrainingRequest:
     labels: np.ndarray
     num_classes: int
     architecture: MLPArchitecture = field(default_factory=MLPArchitecture)
-    hyperparameters: DPHyperparameters
-    seed: int = 0
-    device: str = "cpu"
     tags: np.ndarray | None = None
     num_tags: int = 0
     tag_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_int("num_classes", self.num_classes, low=2)
-        check_int("seed", self.seed, low=0)
-        check_choice("device", self.device, ("cpu", "cuda"))
         if self.features.ndim != 2 or self.features.dtype != np.float32:
             raise ValueError(
                 f"features must be a 2-D float32 array, got shape {self.features.shape} dtype {self.features.dtype}"
@@ -148,6 +182,50 @@ class TrainingRequest:
     @property
     def dimension(self) -> int:
         return int(self.features.shape[1])
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SequenceRequest(Request):
+    """A language-model request: token sequences, their loss mask and the designated transformer.
+
+    ``sequences`` (n, T) int64 token ids in [0, vocab_size); ``loss_mask`` (n, T) bool marks the *target*
+    positions t whose token x_t, predicted from x_<t, counts in the loss (the suffix only; position 0 has
+    no context and never counts). ``vocab_size`` is the base vocabulary plus the new tokens.
+    """
+
+    sequences: np.ndarray
+    loss_mask: np.ndarray
+    vocab_size: int
+    architecture: TransformerArchitecture = field(default_factory=TransformerArchitecture)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("vocab_size", self.vocab_size, low=2)
+        if self.sequences.ndim != 2 or self.sequences.dtype != np.int64:
+            raise ValueError(
+                f"sequences must be a 2-D int64 array, got shape {self.sequences.shape} dtype {self.sequences.dtype}"
+            )
+        n, length = self.sequences.shape
+        if not 2 <= length <= self.architecture.max_sequence_length:
+            raise ValueError(
+                f"sequence length must be in [2, {self.architecture.max_sequence_length}] "
+                f"(architecture.max_sequence_length), got {length}"
+            )
+        if n and (self.sequences.min() < 0 or self.sequences.max() >= self.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size - 1}]")
+        if self.loss_mask.shape != self.sequences.shape or self.loss_mask.dtype != np.bool_:
+            raise ValueError(
+                f"loss_mask must be a bool array of shape {self.sequences.shape}, "
+                f"got shape {self.loss_mask.shape} dtype {self.loss_mask.dtype}"
+            )
+        if n and self.loss_mask[:, 0].any():
+            raise ValueError("loss_mask must be False at position 0: the first token has no context to predict it")
+        if n and not self.loss_mask.any(axis=1).all():
+            raise ValueError("loss_mask must mark at least one target position in every sequence")
+
+    @property
+    def num_records(self) -> int:
+        return int(self.sequences.shape[0])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +272,18 @@ class TrainedModel:
     predict_tag_log_proba: Callable[[np.ndarray], np.ndarray] | None = None
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SequenceModel:
+    """What a language-model trainer returns: the black box and its claim.
+
+    ``token_log_probs`` maps (n, T) int64 sequences to (n, T − 1) float64 log p(x_{t+1} | x_≤t).
+    ``device`` is where training actually ran."""
+
+    token_log_probs: Callable[[np.ndarray], np.ndarray]
+    claim: PrivacyClaim
+    device: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class ImplementationInfo:
     """Who an implementation is and what to expect of it.
@@ -201,9 +291,11 @@ class ImplementationInfo:
     ``requires`` lists importable modules; when one is missing the implementation is skipped with a
     reason naming ``extra`` (``pip install dpverify[<extra>]``). A buggy variant sets
     ``expected="violation"``, the rule of the DP-SGD step it ``breaks``, its row in ``bugs.md`` and its
-    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit). ``task`` says
-    what it trains: ``classification`` (a :class:`TrainingRequest` for the MLP) or ``language`` (token
-    sequences for a small causal transformer).
+    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit). An
+    unmodified library whose audit found a real, reported leak sets ``expected="known-issue"`` and the
+    upstream report's address in ``issue``: its violation is a finding, reported with its evidence,
+    never hidden. ``task`` says what it trains: ``classification`` (a :class:`TrainingRequest` for the
+    MLP) or ``language`` (token sequences for a small causal transformer).
     """
 
     name: str
@@ -215,13 +307,16 @@ class ImplementationInfo:
     breaks: str | None = None
     bug: int | None = None
     detectability: Detectability | None = None
+    issue: str | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ValueError(f"name must be non-empty letters, digits, '-', '_' or '.', got {self.name!r}")
         check_choice("task", self.task, TASKS)
-        check_choice("expected", self.expected, ("private", "violation"))
+        check_choice("expected", self.expected, EXPECTATIONS)
+        if (self.expected == "known-issue") != bool(self.issue):
+            raise ValueError(f"{self.name!r}: expected='known-issue' goes with the upstream report's address in issue, got issue={self.issue!r}")
         if self.expected == "violation":
             if not self.breaks or self.detectability is None:
                 raise ValueError(f"buggy variant {self.name!r} must state the rule it breaks and its detectability")
@@ -266,3 +361,11 @@ class Implementation(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.info.name!r}>"
+
+
+class LanguageImplementation(Implementation):
+    """An implementation with ``info.task == "language"``: it trains on a :class:`SequenceRequest`."""
+
+    @abc.abstractmethod
+    def train(self, request: SequenceRequest) -> SequenceModel:  # type: ignore[override]
+        """Train the designated transformer with the implementation's own DP code."""

@@ -16,15 +16,29 @@ VERDICTS: tuple[str, ...] = ("pass", "violation", "undecided", "error")
 class AuditResult:
     """One audit: what was claimed, what the audit could show, and the verdict.
 
-    The audit tests H0: "the run is (ε, δ)-DP in ``relation``" with ε = ``claimed_epsilon``. By Theorem 1
-    (Steinke, Nasr & Jagielski 2023), under H0 the number of correct guesses W out of r satisfies
-    P[W ≥ v] ≤ β + 2mδ·α (β a Binomial(r, e^ε/(1+e^ε)) tail), so with probability at least
-    ``confidence`` the run's true ε is at least ``epsilon_lower_bound`` (ε_L). The verdict is
+    Two tests share the audit's ``confidence`` (half the level each, then Bonferroni over the guess grid),
+    both at the δ the claim holds at (``delta``):
 
-    - ``violation`` when ε_L > claimed ε: the claim is refuted at the stated confidence;
-    - ``undecided`` when claimed ε ≥ ``optimal_epsilon`` (ε_O, the most any attack on m canaries could
-      show with this guess rule): the audit could never have failed; ``canaries_needed`` says how many
-      canaries would make it decisive;
+    - the (ε, δ) test of H0 "the run is (ε, δ)-DP in ``relation``" with ε = ``claimed_epsilon``. By Theorem 1
+      (Steinke, Nasr & Jagielski 2023), under H0 the number of correct guesses W out of r satisfies
+      P[W ≥ v] ≤ β + 2mδ·α (β a Binomial(r, e^ε/(1+e^ε)) tail), so the run's true ε is at least
+      ``epsilon_lower_bound`` (ε_L);
+    - the curve test of H0 "the run is f-DP" for the trade-off curve f of the mechanism the claim states
+      (σ, q, steps, in ``relation``: exact GDP with μ = √steps/σ at q = 1, the PLD-derived envelope
+      otherwise), by the one-run recursion of Mahloujifar, Melis & Chaudhuri 2024. ``curve_refuted`` says
+      whether it refuted f; ``curve_epsilon_lower_bound`` is the ε at δ of the weakest member of the claim's
+      family (less noise) it still refutes, to compare with ``curve_claimed_epsilon``, the claimed curve's
+      own ε at δ; ``curve_p_value`` its smallest tail bound; ``curve_mu`` the refuted GDP μ at q = 1.
+
+    The verdict is
+
+    - ``violation`` when ε_L > claimed ε or the curve test refutes the claimed curve: the claim is refuted
+      at the stated confidence; or when the claim contradicts its own numbers (``claim_consistent`` false:
+      its ε is below the ε of its own σ, q and steps; ``claim_derivation`` says by how much);
+    - ``undecided`` when neither test could refute the claim at this m (claimed ε ≥ ``optimal_epsilon``,
+      ε_O, the most the (ε, δ) test could show, and the claimed curve out of reach even with every guess
+      correct): the audit could never have failed; ``canaries_needed`` says how many canaries would make
+      the (ε, δ) test decisive;
     - ``error`` when training, the black box or the claim failed (``error`` says why): never a pass;
     - ``pass`` otherwise. A pass is not a proof of privacy: ε_L is a lower bound.
 
@@ -32,9 +46,6 @@ class AuditResult:
     utility the audit left the model with (the paper's Case II trade-off).
 
     ``confidence`` is this audit's own level after the session has divided its level among its audits.
-    ``fdp_epsilon_lower_bound`` (Mahloujifar, Melis & Chaudhuri 2024, at the chosen guess count) is reported
-    beside it and never decides the verdict: it refutes μ-Gaussian DP, a stronger claim than the (ε, δ)
-    a library states.
     """
 
     implementation: str
@@ -47,7 +58,12 @@ class AuditResult:
     claim_derivation: str = ""
     delta: float
     epsilon_lower_bound: float
-    fdp_epsilon_lower_bound: float | None = None
+    curve_epsilon_lower_bound: float | None = None
+    curve_claimed_epsilon: float | None = None
+    curve_refuted: bool = False
+    curve_p_value: float | None = None
+    curve_mu: float | None = None
+    claim_consistent: bool = True
     estimator: str = "steinke"
     confidence: float
     m: int
@@ -81,7 +97,12 @@ class AuditResult:
             "delta": self.delta,
             "epsilon_lower_bound": _json_float(self.epsilon_lower_bound),
             "estimator": self.estimator,
-            "fdp_epsilon_lower_bound": _json_float(self.fdp_epsilon_lower_bound),
+            "curve_epsilon_lower_bound": _json_float(self.curve_epsilon_lower_bound),
+            "curve_claimed_epsilon": _json_float(self.curve_claimed_epsilon),
+            "curve_refuted": self.curve_refuted,
+            "curve_p_value": _json_float(self.curve_p_value),
+            "curve_mu": _json_float(self.curve_mu),
+            "claim_consistent": self.claim_consistent,
             "confidence": self.confidence,
             "optimal_epsilon": _json_float(self.optimal_epsilon),
             "canaries_needed": self.canaries_needed,
@@ -112,6 +133,16 @@ class AuditResult:
             f"({self.correct} of {self.guesses} guesses correct on m = {self.m} canaries, {self.estimator} bound); "
             f"the most this audit could show is ε_O = {self.optimal_epsilon:.4g}."
         )
+        if self.curve_claimed_epsilon is not None:
+            head += (
+                f" Curve test of the claimed mechanism (ε = {self.curve_claimed_epsilon:.4g} at δ = {self.delta:g}): "
+                f"{'REFUTED' if self.curve_refuted else 'not refuted'}, weakest refuted member at "
+                f"ε = {self.curve_epsilon_lower_bound:.4g}"
+                + (f" (GDP μ = {self.curve_mu:.4g})" if self.curve_mu else "")
+                + f", smallest tail bound {self.curve_p_value:.3g}."
+            )
+        if not self.claim_consistent:
+            head += f" {self.claim_derivation}."
         if self.test_accuracy is not None:
             head += f" Test accuracy of the audited model: {self.test_accuracy:.2%}."
         if self.verdict == "violation":

@@ -1,4 +1,5 @@
-"""Session state of the plugin: the level shared among audits, the seed, and the gathered results.
+"""A session of audits, framework-free (the pytest plugin and the CLI share it): the level shared among
+audits, the seed, the gathered results, the terminal table and the JSON report.
 
 The session promises: a correct implementation fails *anywhere* in the session with probability at most
 ``1 − confidence``. At collection every audit that could raise a false alarm is counted (one per
@@ -6,7 +7,6 @@ ready-made audit of an implementation expected to be private, ``audits=N`` from 
 a Hypothesis test's ``max_examples``) and each audit gets confidence ``1 − (1 − confidence)/N``
 (Bonferroni), so the union bound holds whichever audits fail. Audits of declared buggy variants fail the
 session only when they are *not* refuted, so they take no share of the level.
-Results travel as JSON on test reports, so the summary also works under pytest-xdist.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 
-#: Name of the user property that carries one audit's JSON on a test report.
-RESULT_PROPERTY = "dp_audit_result"
-#: Where an item keeps the results of the audits it ran until its report is made.
-RESULTS_KEY = pytest.StashKey[list]()
-SESSION_KEY = pytest.StashKey["AuditSession"]()
+class PlanExceeded(RuntimeError):
+    """An audit would run past the session's plan, which would break the session-wide level."""
 
 
 @dataclass(eq=False)
 class AuditSession:
+    """``confidence_per_audit``, when given, is every audit's own level (to reproduce one audit as it ran);
+    otherwise the session's level is split over ``planned_audits``, and :meth:`start_audit` refuses an
+    audit past the plan."""
+
     enabled: bool
     profile: str
     confidence: float
@@ -39,11 +39,32 @@ class AuditSession:
     report_path: str | None
     plots_dir: str | None
     planned_audits: int = 0
+    confidence_per_audit: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    strict: bool = False
+    timeout: float | None = None
+    audits_started: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def per_audit_confidence(self) -> float:
+        if self.confidence_per_audit is not None:
+            return self.confidence_per_audit
         return 1.0 - (1.0 - self.confidence) / max(1, self.planned_audits)
+
+    def start_audit(self, *, counted: bool, where: str) -> None:
+        """Count one audit as it starts. A ``counted`` audit (one that could raise a false alarm) past the
+        plan raises :class:`PlanExceeded`: it would have run at a looser level than the session promised."""
+        if not counted or self.confidence_per_audit is not None:
+            return
+        self.audits_started += 1
+        if self.audits_started > self.planned_audits:
+            raise PlanExceeded(
+                f"{where}: audit {self.audits_started} of a session that planned {self.planned_audits}; the "
+                "session's level is split over the audits planned at collection, so an audit the plan did not "
+                "count cannot run. Request the dp_audit fixture as a test argument (not through "
+                "request.getfixturevalue) or declare the test's audits with @pytest.mark.dp_audit(audits=N)"
+            )
 
     def audit_seed(self, key: str) -> int:
         """A seed for one audit, from the session seed and a stable key (same on every xdist worker)."""
@@ -54,21 +75,20 @@ class AuditSession:
 
         return not self.implementations or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.implementations)
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Gather results from reports: in-process, or from every worker in the xdist controller (which
-        collects nothing itself, so it learns the planned count from the workers' results)."""
-        for name, value in report.user_properties:
-            if name == RESULT_PROPERTY:
-                result = json.loads(value)
-                self.planned_audits = max(self.planned_audits, result.pop("planned_audits", 0))
-                self.results.append(result)
+    def gather(self, result: dict[str, Any]) -> None:
+        """Add one audit's JSON result; a result that carries ``planned_audits`` (from an xdist worker, the
+        only place that collects and counts) raises the plan to it."""
+        result = dict(result)
+        self.planned_audits = max(self.planned_audits, result.pop("planned_audits", 0))
+        self.results.append(result)
 
-    def header(self) -> str:
+    def header(self, *, rerun: str) -> str:
+        """The run's settings in one line, ending with how to ``rerun`` it (the face's own flag)."""
         from dpverify.audits.steps import resolve_device
 
         return (
             f"dpverify: DP audits on (profile {self.profile}, seed {self.seed}, device {resolve_device(self.device)}, "
-            f"session confidence {self.confidence:g}); rerun with --dp-audit-seed {self.seed}"
+            f"session confidence {self.confidence:g}); rerun with {rerun}"
         )
 
     def report(self) -> dict[str, Any]:
@@ -114,7 +134,8 @@ class AuditSession:
         lines.append(
             f"{len(self.results)} audit(s); each at confidence {self.per_audit_confidence:.5f} so that the "
             f"session keeps {self.confidence:g} over {self.planned_audits} planned audit(s). "
-            "'!' marks an outcome other than expected, '~' a subtle (D3/D4) variant not caught."
+            "'!' marks an outcome other than expected, '~' a subtle (D3/D4) variant not caught, 'K' a known "
+            "issue of an unmodified library found again."
         )
         return lines
 
@@ -124,10 +145,13 @@ MUST_CATCH = ("D1", "D2")
 
 
 def outcome_mark(result: dict[str, Any]) -> str:
-    """'' as expected; '~' a D3/D4 variant not caught (a known limit); '!' anything else unexpected:
-    a private implementation refuted, a D1/D2 variant missed, or an error."""
+    """'' as expected; '~' a D3/D4 variant not caught (a known limit); 'K' a known issue of an unmodified
+    library found again (a finding, reported); '!' anything else unexpected: a private implementation
+    refuted, a D1/D2 variant missed, or an error."""
     if result["verdict"] == "error":
         return "!"
+    if result["expected"] == "known-issue":
+        return "K" if result["verdict"] == "violation" else ""
     if result["expected"] == "violation":
         if result["verdict"] == "violation":
             return ""

@@ -8,6 +8,7 @@ number of examples as the test's audit count (the plugin reads ``max_examples``)
 
 from __future__ import annotations
 
+import math
 import os
 
 from hypothesis import HealthCheck, settings
@@ -81,29 +82,41 @@ def dp_hyperparameters(
     max_epochs: int = 30,
     min_learning_rate: float = 0.1,
     max_learning_rate: float = 1.0,
-    max_grad_norms: tuple[float, ...] = (0.5, 1.0, 2.0),
+    min_grad_norm: float = 0.01,
+    max_grad_norm: float = 100.0,
     delta: float = 1e-5,
 ) -> st.SearchStrategy[DPHyperparameters]:
-    """DP-SGD hyperparameters with a target ε the implementation calibrates to."""
+    """DP-SGD hyperparameters with a target ε the implementation calibrates to.
+
+    The clipping norm C is drawn log-uniformly over decades (0.01 to 100 by default): a bug that shows
+    only when C leaves 1 (a wrong power or product of C, σ and the batch size) hides at C = 1. The
+    learning rate is drawn as the step per unit of C and divided by C, so a step moves the parameters by
+    the same order whatever C is, and training neither stalls nor diverges for the size of C alone.
+    """
     check_real("min_epsilon", min_epsilon, low=0.0, low_open=True)
     check_int("min_epochs", min_epochs, low=1)
     check_real("min_learning_rate", min_learning_rate, low=0.0, low_open=True)
+    check_real("min_grad_norm", min_grad_norm, low=0.0, low_open=True)
     _bounds("epsilon", min_epsilon, max_epsilon)
     _bounds("epochs", min_epochs, max_epochs)
     _bounds("learning_rate", min_learning_rate, max_learning_rate)
+    _bounds("grad_norm", min_grad_norm, max_grad_norm)
     for rate in sampling_rates:
         check_real("sampling_rates", rate, low=0.0, high=1.0, low_open=True)
-    for norm in max_grad_norms:
-        check_real("max_grad_norms", norm, low=0.0, low_open=True)
-    return st.builds(
-        DPHyperparameters,
-        target_epsilon=st.floats(min_epsilon, max_epsilon),
-        sampling_rate=st.sampled_from(sampling_rates),
-        epochs=st.integers(min_epochs, max_epochs),
-        learning_rate=st.floats(min_learning_rate, max_learning_rate),
-        max_grad_norm=st.sampled_from(max_grad_norms),
-        delta=st.just(delta),
-    )
+
+    @st.composite
+    def build(draw) -> DPHyperparameters:
+        clip = math.exp(draw(st.floats(math.log(min_grad_norm), math.log(max_grad_norm))))
+        return DPHyperparameters(
+            target_epsilon=draw(st.floats(min_epsilon, max_epsilon)),
+            sampling_rate=draw(st.sampled_from(sampling_rates)),
+            epochs=draw(st.integers(min_epochs, max_epochs)),
+            learning_rate=draw(st.floats(min_learning_rate, max_learning_rate)) / clip,
+            max_grad_norm=clip,
+            delta=delta,
+        )
+
+    return build()
 
 
 def data_audit_configs(

@@ -4,7 +4,8 @@ import sys
 import numpy as np
 import pytest
 
-from dpverify.audits.steps import audit_ceiling, canaries_needed, run_audit
+from dpverify.audits import run_audit
+from dpverify.audits.steps import audit_ceiling, canaries_needed
 from dpverify.config import AuditConfig, profile_config
 from dpverify.results import DPViolation
 from tests.doubles import Broken, Memoriser, Oblivious
@@ -49,14 +50,27 @@ def test_same_seed_repeats_the_audit():
     np.testing.assert_array_equal(a.scores, b.scores)
 
 
-def test_claim_at_or_above_the_ceiling_is_undecided_with_the_canaries_needed():
+def test_claim_out_of_both_tests_reach_is_undecided():
+    # Full batch: the claimed curve is exact GDP; at ε = 6 not even 100 correct guesses of 100 refute it.
+    config = small_config(m=100, sampling_rate=1.0)
+    result = run_audit(Memoriser(claimed_epsilon=6.0), config)
+    assert result.verdict == "undecided" and not result.curve_refuted
+    assert result.claimed_epsilon >= result.optimal_epsilon
+    assert "cannot refute" in result.summary()
+
+
+def test_a_claim_the_curve_test_can_reach_is_decided_even_above_the_ceiling():
+    config = small_config(m=100, sampling_rate=1.0)
+    assert 4.0 > audit_ceiling(config)
+    assert run_audit(Memoriser(claimed_epsilon=4.0), config).verdict != "undecided"
+
+
+def test_canaries_needed_is_the_m_whose_ceiling_passes_the_claim():
     config = small_config(m=100)
     ceiling = audit_ceiling(config)
-    result = run_audit(Memoriser(claimed_epsilon=ceiling + 0.5), config)
-    assert result.verdict == "undecided"
-    assert result.canaries_needed is not None and result.canaries_needed > 100
-    assert audit_ceiling(config, result.canaries_needed) > ceiling + 0.5
-    assert "cannot refute" in result.summary()
+    needed = canaries_needed(config, ceiling + 0.5)
+    assert needed is not None and needed > 100
+    assert audit_ceiling(config, needed) > ceiling + 0.5 >= audit_ceiling(config, int(needed * 0.9))
     assert canaries_needed(config, math.inf) is None
 
 

@@ -30,11 +30,15 @@ TEST_ERROR = 1e-4
 
 
 def reference_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
-    """β + 2mδα with α = max_{1<=i<=v} P[v > W >= v-i] / i, summing the window one term at a time."""
+    """β + 2mδα with α = max_{1<=i<=v} P[v > W >= v-i] / i, summing the window one term at a time.
+
+    The window sums are accumulated in log space, so that a window far right of the mode, whose
+    first terms underflow, still counts the mass near the mode.
+    """
     q = math.exp(eps) / (1 + math.exp(eps))
     beta = stats.binom.sf(v - 1, r, q)
-    window_sums = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, q))  # i = 1, ..., v
-    alpha = float(np.max(window_sums / np.arange(1, v + 1))) if v else 0.0
+    log_sums = np.logaddexp.accumulate(stats.binom.logpmf(np.arange(v - 1, -1, -1), r, q))
+    alpha = float(np.exp(np.max(log_sums - np.log(np.arange(1, v + 1))))) if v else 0.0
     return min(beta + 2 * m * delta * alpha, 1.0)
 
 
@@ -94,6 +98,35 @@ def test_bound_equals_the_reference_loop(c, delta, confidence):
 def test_bound_equals_the_reference_for_many_canaries(m, guesses, correct):
     expected = reference_bound(m, guesses, correct, DELTA, 0.95)
     assert epsilon_lower_bound(m, guesses, correct, delta=DELTA) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "m, guesses, correct, delta, confidence",
+    [(10_000, 10_000, 9_500, 1e-5, 1 - 1e-5), (50_000, 25_000, 25_000, 1e-5, 1 - 1e-4)],
+)
+def test_bound_equals_the_reference_far_right_of_the_mode(m, guesses, correct, delta, confidence):
+    """Far more correct guesses than r·q: the window pmf near v underflows, the mass near the mode does not.
+
+    Before the window search started at the mode these gave 0.095 (reference 0) and 0.559 (0.446).
+    """
+    expected = reference_bound(m, guesses, correct, delta, confidence)
+    assert epsilon_lower_bound(m, guesses, correct, delta=delta, confidence=confidence) == pytest.approx(
+        expected, abs=1e-6
+    )
+
+
+def test_bound_equals_the_reference_on_random_large_counts():
+    """Random counts up to m = 20 000 with many correct guesses, where α's window is long."""
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        m = int(rng.integers(1_000, 20_001))
+        guesses = int(rng.integers(1_100, m + 1))
+        correct = int(rng.integers(guesses // 2, guesses + 1))
+        delta = float(rng.choice([1e-6, 1e-5, 1e-4]))
+        confidence = float(rng.choice([0.95, 1 - 1e-4, 1 - 1e-5]))
+        expected = reference_bound(m, guesses, correct, delta, confidence)
+        value = epsilon_lower_bound(m, guesses, correct, delta=delta, confidence=confidence)
+        assert value == pytest.approx(expected, abs=1e-6), (m, guesses, correct, delta, confidence)
 
 
 def test_arrays_broadcast_and_match_scalar_calls():
@@ -272,3 +305,51 @@ def test_bad_counts_raise(estimator, args, kwargs, message):
 def test_other_bad_input_raises(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# -- golden values of google-deepmind/jax_privacy (tests/auditing_test.py, test_epsilon_one_run_close) --
+
+
+def _deterministic_normal(mean: float, n: int) -> np.ndarray:
+    """n scores at the normal quantiles (i + ½)/n, shifted by ``mean``: the sample without its noise."""
+    return stats.norm.ppf((np.arange(n) + 0.5) / n) + mean
+
+
+def _roc_hull_counts(in_scores: np.ndarray, out_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """True and false positives ("in" when score >= t) at the thresholds on the ROC's concave hull.
+
+    The thresholds are every score and +inf; those whose (false negatives, true negatives) point
+    lies on or below the chord of its neighbours are dropped, as jax_privacy's Pareto frontier does.
+    """
+    thresholds = np.concatenate([np.union1d(in_scores, out_scores), [np.inf]])
+    fn = np.searchsorted(np.sort(in_scores), thresholds, side="left")
+    tn = np.searchsorted(np.sort(out_scores), thresholds, side="left")
+    hull: list[int] = []
+    for k in range(thresholds.size):
+        while len(hull) >= 2:
+            i, j = hull[-2], hull[-1]
+            if (fn[j] - fn[i]) * (tn[k] - tn[i]) - (tn[j] - tn[i]) * (fn[k] - fn[i]) < 0:
+                break
+            hull.pop()
+        hull.append(k)
+    return in_scores.size - fn[hull], out_scores.size - tn[hull]
+
+
+@pytest.mark.parametrize(
+    "shift, steinke, fdp", [(0, 0.0, 0.0), (1, 1.13346, 2.164749), (2, 2.311945, 4.7218075), (4, 4.395568, 9.133752)]
+)
+def test_one_run_epsilons_match_jax_privacy(shift, steinke, fdp):
+    """jax_privacy's published one-run ε for 10 000 in-canaries N(shift, 1) and 10 000 out-canaries N(0, 1).
+
+    One-sided guesses ("in" above a threshold) at every threshold of the ROC's concave hull, m = 20 000,
+    significance 0.05 split over the thresholds (Bonferroni), δ = 1e-6; the f-DP ε is that of the
+    largest refuted μ-GDP at δ. Published to rtol 1e-5 there, checked to the same here.
+    """
+    n = 10_000
+    tp, fp = _roc_hull_counts(_deterministic_normal(shift, n), _deterministic_normal(0.0, n))
+    confidence = 1 - 0.05 / tp.size
+    guessed = tp + fp > 0
+    kwargs = {"delta": 1e-6, "confidence": confidence}
+    args = (2 * n, (tp + fp)[guessed], tp[guessed])
+    assert np.max(epsilon_lower_bound(*args, **kwargs)) == pytest.approx(steinke, rel=1e-5, abs=1e-9)
+    assert np.max(fdp_epsilon_lower_bound(*args, **kwargs)) == pytest.approx(fdp, rel=1e-5, abs=1e-9)

@@ -38,7 +38,7 @@ def test_audit_runs_and_reports(tmp_path, capsys):
     out = capsys.readouterr().out
     (audit,) = json.loads(report.read_text())["audits"]
     # Without noise the 200 canaries are memorised outright: ε_L sits at the audit's ceiling, far above 2.
-    assert audit["implementation"] == "opacus-no-noise" and audit["verdict"] == "violation"
+    assert audit["implementation"] == "opacus-no-noise" and audit["verdict"] == "violation", audit["error"]
     assert "opacus-no-noise" in out and code == 0
 
 

@@ -136,7 +136,7 @@ class _Fake(Implementation):
 
 
 def test_a_language_model_is_refused_with_a_reason():
-    from dpverify.audits.language import LanguageImplementation
+    from dpverify.contract import LanguageImplementation
 
     class Language(LanguageImplementation):
         info = ImplementationInfo(name="lm", library="none", task="language")

@@ -7,17 +7,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpverify.contract import DPHyperparameters, ImplementationInfo, PrivacyClaim
-from dpverify.audits.language import (
-    LanguageAuditConfig,
+from dpverify.audits.language import LanguageAuditConfig, run_language_audit
+from dpverify.canaries.tokens import TokenCanaryConfig, make_token_canaries, suffix_log_likelihood
+from dpverify.contract import (
+    DPHyperparameters,
+    ImplementationInfo,
     LanguageImplementation,
+    PrivacyClaim,
     SequenceModel,
     SequenceRequest,
-    TokenCanaryConfig,
     TransformerArchitecture,
-    make_token_canaries,
-    run_language_audit,
-    suffix_log_likelihood,
 )
 
 MODES = ("repeated", "new_token")
@@ -194,7 +193,7 @@ def test_a_classification_config_carries_its_privacy_target_level_seed_and_devic
 
 
 def test_run_audit_sends_a_language_implementation_to_the_language_audit():
-    from dpverify.audits.steps import run_audit
+    from dpverify.audits import run_audit
     from dpverify.config import profile_config
 
     result = run_audit(WrongShape(), profile_config("quick", device="cpu"))

@@ -9,14 +9,9 @@ import pytest
 
 pytest.importorskip("opacus")
 
-from dpverify.contract import DPHyperparameters  # noqa: E402
-from dpverify.audits.language import (  # noqa: E402
-    LanguageAuditConfig,
-    SequenceRequest,
-    TokenCanaryConfig,
-    make_token_canaries,
-    run_language_audit,
-)
+from dpverify.audits.language import LanguageAuditConfig, run_language_audit  # noqa: E402
+from dpverify.canaries.tokens import TokenCanaryConfig, make_token_canaries  # noqa: E402
+from dpverify.contract import DPHyperparameters, SequenceRequest  # noqa: E402
 from dpverify_opacus import language_implementations  # noqa: E402
 from dpverify_opacus._language import IGNORED_TARGET, next_token_tensors, train_opacus_language  # noqa: E402
 

@@ -60,7 +60,8 @@ def test_third_party_implementation_is_audited_and_a_leak_fails_with_an_actionab
         [
             f"*dpverify: DP audits on (profile quick, seed 11, device {resolve_device('auto')}*",
             "*leaky: verdict VIOLATION (inclusion design, add_remove relation)*",
-            '*Reproduce with: pytest --dp-audit --dp-audit-seed 11 --dp-audit-profile quick -k "dp-audit[[]leaky[]]"*',
+            "*Reproduce with: pytest --dp-audit --dp-audit-seed 11 --dp-audit-profile quick --dp-audit-epsilon 2 "
+            '--dp-audit-device auto --dp-audit-confidence-per-audit 0.975 --dp-audit-implementations leaky -k "dp-audit[[]leaky[]]"*',
             "*dp-audit summary*",
             "*leaky*violation !*",
             "*third-party-private*pass*",
@@ -113,11 +114,12 @@ def test_marker_settings_reach_the_audit_and_are_validated(project):
             pass
         """,
     )
-    result = run(project, "--dp-audit", "--dp-audit-implementations=none", "test_marked.py")
-    result.assert_outcomes(passed=1)
-    result = run(project, "--dp-audit", "--dp-audit-implementations=none", "test_bad.py")
-    result.stderr.fnmatch_lines(["*test_bad_marker: unknown dp_audit marker keyword(s) colour*"])
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none")
+    # A bad marker fails its own test only, at setup, naming the keyword and the known ones.
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test_bad_marker: unknown dp_audit marker keyword(s) colour; known: *"])
+    # Without --dp-audit nothing is validated: the suite runs as it would without dpverify.
+    run(project).assert_outcomes(skipped=2)
 
 
 def test_more_audits_than_declared_is_an_error(project):
@@ -133,7 +135,7 @@ def test_more_audits_than_declared_is_an_error(project):
     )
     result = run(project, "--dp-audit", "--dp-audit-implementations=none")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*ran 2 audits but declared 1*audits=N*"])
+    result.stdout.fnmatch_lines(["*ran audit 2, but the session's plan counted 1 audit(s) for it*audits=N*"])
 
 
 def test_vacuous_and_error_verdicts_are_said_out_loud(project):
@@ -145,8 +147,7 @@ def test_vacuous_and_error_verdicts_are_said_out_loud(project):
 
         @pytest.mark.dp_audit(m=50, dimension=50, num_classes=5)
         def test_vacuous(dp_audit):
-            result = dp_audit(Oblivious(claimed_epsilon=4.0))
-            assert result.verdict == "undecided" and result.canaries_needed > 50
+            dp_audit(Oblivious(claimed_epsilon=6.0))  # beyond what 50 canaries can refute: skips, never a pass
 
         @pytest.mark.dp_audit(m=50, dimension=50, num_classes=5)
         def test_error(dp_audit):
@@ -155,11 +156,13 @@ def test_vacuous_and_error_verdicts_are_said_out_loud(project):
         """
     )
     report = project.path / "r.json"
-    result = run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}")
-    result.assert_outcomes(passed=2)
-    verdicts = sorted(a["verdict"] for a in json.loads(report.read_text())["audits"])
-    assert verdicts == ["error", "undecided"]
-    result.stdout.fnmatch_lines(["*test-broken*error !*", "*test-oblivious*undecided*"])
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    audits = json.loads(report.read_text())["audits"]
+    assert sorted(a["verdict"] for a in audits) == ["error", "undecided"]
+    result.stdout.fnmatch_lines(["*test-broken*error !*", "*test-oblivious*undecided*", "*SKIPPED*test-oblivious: verdict UNDECIDED*--dp-audit-strict*"])
+    strict = run(project, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-strict")
+    strict.assert_outcomes(passed=1, failed=1)
 
 
 def test_xdist_gives_the_same_report(project):
@@ -211,14 +214,14 @@ register_implementation(Oblivious(info=variant("missed-d3", "D3")))
 @pytest.mark.slow
 def test_a_marker_selects_the_data_dependent_design_and_the_report_carries_test_accuracy(project, tmp_path):
     """The UniAud++ design through the marker, trained by the real opacus-ghost on a small setting (the
-    plumbing, not power: at ε = ∞ the audit can only pass or stay undecided)."""
+    plumbing, not power)."""
     pytest.importorskip("opacus")
     pytest.importorskip("sklearn")
     project.makepyfile(
         """
         import pytest
 
-        @pytest.mark.dp_audit(design="multitask", m=60, trigger_dimension=60, hidden_width=32, epochs=3, epsilon=float("inf"))
+        @pytest.mark.dp_audit(design="multitask", m=60, trigger_dimension=60, hidden_width=32, epochs=3, epsilon=1.0)
         def test_multitask(dp_audit):
             result = dp_audit("opacus-ghost")
             assert result.design == "multitask" and result.relation == "replace_one"

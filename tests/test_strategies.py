@@ -13,6 +13,15 @@ def test_generated_configs_are_valid_and_within_bounds(config):
     hp = config.hyperparameters
     assert 1.0 <= hp.target_epsilon <= 8.0 and hp.noise_multiplier is None
     assert hp.steps == hp.epochs * round(1 / hp.sampling_rate)
+    assert 0.01 <= hp.max_grad_norm <= 100 and 0.1 <= hp.learning_rate * hp.max_grad_norm <= 1.0
+
+
+@pytest.mark.parametrize("far", [lambda hp: hp.max_grad_norm < 0.05, lambda hp: hp.max_grad_norm > 20])
+def test_the_clipping_norm_reaches_both_ends_of_its_decades(far):
+    # A bug that shows only when C leaves 1 must be reachable: draws at both ends of [0.01, 100] exist.
+    from hypothesis import find
+
+    assert far(find(dp_hyperparameters(), far, settings=settings(max_examples=500, database=None)))
 
 
 @pytest.mark.parametrize(
@@ -24,6 +33,7 @@ def test_generated_configs_are_valid_and_within_bounds(config):
         (dp_hyperparameters, dict(min_epsilon=0.0), r"min_epsilon must be in \(0, inf\]"),
         (dp_hyperparameters, dict(sampling_rates=(1.5,)), r"sampling_rates must be in \(0, 1\], got 1.5"),
         (dp_hyperparameters, dict(min_epochs=4, max_epochs=2), "min_epochs must be <= max_epochs"),
+        (dp_hyperparameters, dict(min_grad_norm=0.0), r"min_grad_norm must be in \(0, inf\]"),
         (audit_configs, dict(min_hidden_width=0), "min_hidden_width must be >= 1"),
     ],
 )

@@ -149,7 +149,7 @@ def test_uniaudpp_audit_of_tf_privacy_ends_in_a_verdict(keras_module):
     # box instead of an error. Too short a run to say anything about detection; a correct implementation
     # is refuted with probability at most 5 %, so a violation here would be worth a look.
     pytest.importorskip("sklearn")
-    from dpverify.audits.steps import run_audit
+    from dpverify.audits import run_audit
     from dpverify.config import profile_config
 
     config = profile_config(

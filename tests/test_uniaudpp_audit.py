@@ -8,7 +8,7 @@ pytest.importorskip("sklearn")
 pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-from dpverify.audits.steps import run_audit  # noqa: E402
+from dpverify.audits import run_audit  # noqa: E402
 from dpverify.stats.bounds import epsilon_lower_bound  # noqa: E402
 from dpverify.cli import main  # noqa: E402
 from dpverify.config import profile_config  # noqa: E402

@@ -1,0 +1,35 @@
+"""Audits: one kind per module over the shared :mod:`~dpverify.audits.steps`, and :func:`run_audit`, which
+picks the kind from above (nothing below imports this package's ``__init__``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpverify.audits.classification import run_classification_audit
+from dpverify.audits.data_dependent import run_data_audit
+from dpverify.audits.language import language_config_like, run_language_audit
+from dpverify.audits.steps import Progress
+from dpverify.config import AuditConfig
+from dpverify.contract import Implementation
+from dpverify.results import AuditResult
+
+
+def run_audit(implementation: Implementation, config: Any, *, progress: Progress | None = None) -> AuditResult:
+    """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
+
+    A failure in training, in the black box or in the claim ends as verdict ``error``. A language-model
+    implementation runs :func:`~dpverify.audits.language.run_language_audit` (a classification
+    :class:`AuditConfig` lends it its privacy target, level, seed and device); a data-dependent design
+    runs :func:`~dpverify.audits.data_dependent.run_data_audit`; the rest run
+    :func:`~dpverify.audits.classification.run_classification_audit`.
+    """
+    if implementation.info.task == "language":
+        return run_language_audit(implementation, language_config_like(config), progress=progress)
+    if not isinstance(config, AuditConfig):
+        raise TypeError(
+            f"{implementation.info.name} trains a classifier; audit it with a dpverify.config.AuditConfig, "
+            f"got {type(config).__name__}"
+        )
+    if config.is_data_dependent:
+        return run_data_audit(implementation, config, progress=progress)
+    return run_classification_audit(implementation, config, progress=progress)

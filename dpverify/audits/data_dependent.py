@@ -24,6 +24,8 @@ from dpverify.audits.steps import (
     Progress,
     audit_through_contract,
     draw_membership,
+    membership_before_training,
+    present_pair,
     query_black_box,
     resolve_device,
 )
@@ -100,9 +102,7 @@ def _prepare_multitask(
             trained, data.audit_features, expected_shape=(data.m, data.num_tags), head="predict_tag_log_proba"
         )
         membership = draw_membership(membership_rng, data.m)  # after training (Algorithm 2)
-        trained_side = (membership == 1)[:, None]
-        shown = np.where(trained_side, data.audit_tags, data.comparison_tags)
-        other = np.where(trained_side, data.comparison_tags, data.audit_tags)
+        shown, other = present_pair(membership, data.audit_tags, data.comparison_tags)
         return self_comparison_scores(tag_log_probs, shown, other), membership
 
     return request, data.test_features, score
@@ -117,9 +117,9 @@ def _prepare_baseline(
     labels = split.train_labels.copy()
     if config.design == "mislabeled":
         labels[canaries] = (labels[canaries] + records_rng.integers(1, split.num_classes, size=m)) % split.num_classes
-    membership = draw_membership(membership_rng, m)  # before training: S_i = −1 leaves canary i out
+    membership, trained_on = membership_before_training(config.relation, membership_rng, m)
     kept = np.ones(n, dtype=bool)
-    kept[canaries[membership == -1]] = False
+    kept[canaries[~trained_on]] = False
     request = TrainingRequest(
         features=split.train_features[kept],
         labels=labels[kept],

@@ -1,74 +1,107 @@
-"""One audit, end to end: canaries, one training run through the contract, scores, guesses, bound, verdict.
+"""The steps every audit shares, whatever its canaries and task: the lowest floor of :mod:`dpverify.audits`.
 
-The steps every design shares are public, so that other audits (the data-dependent designs in
-:mod:`dpverify.audits.data_dependent`, a language-model audit) reuse them rather than copy them:
-:func:`audit_through_contract` (train, claim, score, conclude) and its parts :func:`result_fields`,
-:func:`train_through_contract`, :func:`query_black_box`, :func:`claimed_epsilon`, :func:`guess_and_bound`,
-:func:`decide_verdict`, :func:`concluded_result` and :func:`error_result`; :func:`draw_membership`. A
-step that fails raises :class:`AuditFailure`, which the audit turns into verdict ``error``.
+A design (:mod:`~dpverify.audits.classification`, :mod:`~dpverify.audits.data_dependent`,
+:mod:`~dpverify.audits.language`) builds its request and its scorer from these steps:
+:func:`audit_streams` (seeds), :func:`membership_before_training` / :func:`membership_after_training` (the
+secret bits, drawn when the design's relation needs them), :func:`present_pair` (Algorithm 2's "show the
+trained or the fresh value"), then :func:`audit_through_contract` (train, claim, score, conclude) with its
+parts :func:`train_through_contract`, :func:`query_black_box`, :func:`claimed_epsilon`,
+:func:`guess_and_bound`, :func:`decide_verdict`, :func:`concluded_result` and :func:`error_result`. A step
+that fails raises :class:`AuditFailure`, which the audit turns into verdict ``error``. Nothing here knows a
+design by name, and nothing here imports a design.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-from dpverify.stats.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
-from dpverify.canaries.synthetic import make_canaries
-from dpverify.config import AuditConfig
-from dpverify.contract import Implementation, PrivacyClaim, TrainedModel, TrainingRequest
+from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel
 from dpverify.results import AuditResult
-from dpverify.stats.scoring import (
-    GuessRule,
-    count_correct,
-    guesses_from_scores,
-    loss_scores,
-    mean_comparison_scores,
-    self_comparison_scores,
-)
+from dpverify.stats.bounds import epsilon_lower_bound
+from dpverify.stats.curves import ClaimedRun, curve_refutes, curve_test
+from dpverify.stats.scoring import GuessRule, count_correct, guesses_from_scores
 
 Progress = Callable[[str], None]
+
+
+class AuditSettings(Protocol):
+    """What the shared steps read of a design's config (:class:`dpverify.config.AuditConfig`,
+    :class:`dpverify.audits.language.LanguageAuditConfig`)."""
+
+    design: str
+    confidence: float
+    seed: int
+    timeout: float | None
+    guess_rule: GuessRule
+    hyperparameters: DPHyperparameters
+
+    @property
+    def relation(self) -> str: ...
+
+    @property
+    def audit_size(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 #: Largest m :func:`canaries_needed` looks at; past it the δ term 2mδ of Theorem 1 dominates anyway.
 MAX_CANARIES = 10_000_000
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` means CUDA when torch sees a GPU, else CPU. Importing torch happens only here, lazily."""
-    if device != "auto":
+    """``auto`` means CUDA when torch sees a GPU, else CPU; ``cuda`` without a GPU is a ``ValueError``
+    (never a silent run on the CPU under a CUDA label). Importing torch happens only here, lazily."""
+    if device == "cpu":
         return device
     try:
         import torch
+
+        available = torch.cuda.is_available()
     except ImportError:
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
+        available = False
+    if device == "cuda" and not available:
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA GPU here; use 'auto' (CUDA when available) or 'cpu'")
+    return "cuda" if available else "cpu"
 
 
-def audit_ceiling(config: AuditConfig, m: int | None = None) -> float:
-    """ε_O of this audit: the largest ε_L its guess rule could report, every guess correct."""
+def split_confidence(confidence: float) -> tuple[float, float]:
+    """``(Steinke's, the curve test's)`` confidence: the audit's level is split evenly between the (ε, δ)
+    test and the curve test (Bonferroni), so a verdict from either keeps ``confidence``; each then splits
+    its share across the guess grid."""
+    alpha = (1.0 - confidence) / 2.0
+    return 1.0 - alpha, 1.0 - alpha
+
+
+def audit_ceiling(config: AuditSettings, m: int | None = None, *, delta: float | None = None) -> float:
+    """ε_O of this audit: the largest ε_L its (ε, δ) test could report, every guess correct, at ``delta``
+    (the claim's; the requested δ before there is a claim)."""
     m = config.audit_size if m is None else m
+    delta = config.hyperparameters.delta if delta is None else delta
     counts = config.guess_rule.counts(m)
-    confidence = config.guess_rule.corrected_confidence(config.confidence)
-    return float(np.max(epsilon_lower_bound(m, counts, counts, delta=config.hyperparameters.delta, confidence=confidence)))
+    confidence = config.guess_rule.corrected_confidence(split_confidence(config.confidence)[0])
+    return float(np.max(epsilon_lower_bound(m, counts, counts, delta=delta, confidence=confidence)))
 
 
-def canaries_needed(config: AuditConfig, claimed_epsilon: float) -> int | None:
+def canaries_needed(config: AuditSettings, claimed_epsilon: float, *, delta: float | None = None) -> int | None:
     """Smallest m whose ceiling exceeds ``claimed_epsilon`` (None when no m up to MAX_CANARIES does)."""
     if not math.isfinite(claimed_epsilon):
         return None
     low, high = config.audit_size, config.audit_size
-    while audit_ceiling(config, high) <= claimed_epsilon:
+    while audit_ceiling(config, high, delta=delta) <= claimed_epsilon:
         low, high = high, high * 2
         if high > MAX_CANARIES:
             return None
     while high - low > max(1, low // 100):
         mid = (low + high) // 2
-        low, high = (low, mid) if audit_ceiling(config, mid) > claimed_epsilon else (mid, high)
+        low, high = (low, mid) if audit_ceiling(config, mid, delta=delta) > claimed_epsilon else (mid, high)
     return high
 
 
@@ -142,7 +175,7 @@ class _TimedBlackBoxes:
         return timed
 
 
-def result_fields(implementation: Implementation, config: AuditConfig, m: int) -> dict[str, Any]:
+def result_fields(implementation: Implementation, config: AuditSettings, m: int) -> dict[str, Any]:
     """The :class:`AuditResult` fields every outcome of this audit shares."""
     return dict(
         implementation=implementation.info.name,
@@ -158,7 +191,7 @@ def result_fields(implementation: Implementation, config: AuditConfig, m: int) -
     )
 
 
-def error_result(fields: dict[str, Any], config: AuditConfig, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
+def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
     """Verdict ``error``: the audit could not run because ``failure`` happened."""
     return AuditResult(
         **fields,
@@ -175,11 +208,46 @@ def error_result(fields: dict[str, Any], config: AuditConfig, failure: AuditFail
     )
 
 
-def train_through_contract(implementation: Implementation, request: Any, *, returns: type = TrainedModel) -> Any:
-    """``implementation.train(request)``, checked to return a ``returns`` (the contract's black-box type:
-    :class:`TrainedModel`, or :class:`dpverify.audits.language.SequenceModel` for a language model) with a claim."""
+class _TimeUp(BaseException):
+    """Raised inside training when its time limit passes (a BaseException, so a trainer's own
+    ``except Exception`` cannot swallow it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Interrupt the block with :class:`_TimeUp` after ``seconds`` (wall clock), by ``SIGALRM``: the
+    main thread of a POSIX process only, as pytest-timeout's signal method; elsewhere, no limit."""
+    usable = seconds is not None and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def time_up(signum: int, frame: Any) -> None:
+        raise _TimeUp
+
+    previous = signal.signal(signal.SIGALRM, time_up)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        trained = implementation.train(request)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def train_through_contract(
+    implementation: Implementation, request: Request, *, returns: type = TrainedModel, timeout: float | None = None
+) -> Any:
+    """``implementation.train(request)`` within ``timeout`` seconds, checked to return a ``returns`` (the
+    contract's black-box type: :class:`TrainedModel`, or :class:`~dpverify.contract.SequenceModel` for a
+    language model) with a claim."""
+    try:
+        with time_limit(timeout):
+            trained = implementation.train(request)
+    except _TimeUp:
+        raise AuditFailure(
+            f"training ran past the audit's time limit of {timeout:g} s (raise it with --dp-audit-timeout, "
+            "the marker's timeout=, or a profile for a faster machine)"
+        ) from None
     except Exception as exc:  # the implementation's failure is the audit's verdict, not a crash
         raise AuditFailure(f"training raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}") from exc
     if not isinstance(trained, returns) or not isinstance(getattr(trained, "claim", None), PrivacyClaim):
@@ -214,24 +282,62 @@ def query_black_box(
     return log_probs
 
 
+#: How far below the ε that its own (σ, q, steps) imply a stated ε may sit: room for an accountant tighter
+#: than ours (a pessimistic PLD, within 0.5 % of dp_accounting's).
+CLAIM_TOLERANCE = 0.02
+
+
+def claimed_run(claim: PrivacyClaim, relation: str) -> ClaimedRun:
+    """The mechanism ``claim`` describes, in ``relation``: its σ, q and steps, whose whole trade-off curve
+    the claim asserts (design rule 9)."""
+    return ClaimedRun(
+        noise_multiplier=claim.noise_multiplier, sampling_rate=claim.sampling_rate, steps=claim.steps, relation=relation
+    )
+
+
+def claim_inconsistency(claim: PrivacyClaim) -> str | None:
+    """Why the stated ε cannot hold for the run the claim itself describes, or ``None``.
+
+    A claim whose ε is below the ε of its own (σ, q, steps) in its own relation is refuted by its own
+    numbers, with certainty: it is not silently tested at the larger value (design rule 8)."""
+    if not math.isfinite(claim.epsilon):
+        return None
+    implied = claimed_run(claim, claim.relation).epsilon(claim.delta)
+    if claim.epsilon >= implied * (1.0 - CLAIM_TOLERANCE):
+        return None
+    return (
+        f"{claim.accountant} states {claim.relation} ε = {claim.epsilon:.4g} at δ = {claim.delta:g}, but the run it "
+        f"describes (σ = {claim.noise_multiplier:.4g}, q = {claim.sampling_rate:g}, {claim.steps} steps) has "
+        f"{claim.relation} ε = {implied:.4g} by dpverify's accountant: the claim contradicts its own numbers"
+    )
+
+
 def claimed_epsilon(trained: TrainedModel, relation: str) -> tuple[float, str]:
     """:func:`claim_in_relation` of the trained model's claim; a claim that cannot be converted fails."""
+    claim = trained.claim
+    if math.isnan(claim.epsilon):
+        raise AuditFailure("its claim states ε = nan", device=trained.device)
     try:
-        return claim_in_relation(trained.claim, relation)
+        return claim_in_relation(claim, relation)
     except Exception as exc:
         raise AuditFailure(f"its claim could not be converted to {relation}: {exc}", device=trained.device) from exc
 
 
 @dataclass(frozen=True)
 class GuessOutcome:
-    """The best row of the guess rule: ``guesses`` made, ``correct`` among them, their ε_L (Theorem 1) and
-    the f-DP ε_L at the same count; ``bound_by_guesses`` holds (guesses, correct, ε_L) for every count."""
+    """Every count of the guess rule: ``bound_by_guesses`` holds (guesses, correct, Steinke ε_L) per count;
+    ``guesses``, ``correct`` and ``epsilon_lower_bound`` are the row with the largest ε_L."""
 
     guesses: int
     correct: int
     epsilon_lower_bound: float
-    fdp_epsilon_lower_bound: float
     bound_by_guesses: tuple[tuple[int, int, float], ...]
+
+    @property
+    def counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(guesses, correct)`` of every count, as arrays."""
+        rows = np.array([row[:2] for row in self.bound_by_guesses], dtype=np.int64).reshape(-1, 2)
+        return rows[:, 0], rows[:, 1]
 
 
 def guess_and_bound(
@@ -243,27 +349,57 @@ def guess_and_bound(
     m = int(scores.shape[0])
     counts = guess_rule.counts(m)
     corrects = np.array([count_correct(guesses_from_scores(scores, int(k), sides=guess_rule.sides), membership) for k in counts])
-    bound_kwargs = dict(delta=delta, confidence=guess_rule.corrected_confidence(confidence))
-    bounds = np.atleast_1d(epsilon_lower_bound(m, counts, corrects, **bound_kwargs))
+    confidence = guess_rule.corrected_confidence(confidence)
+    bounds = np.atleast_1d(epsilon_lower_bound(m, counts, corrects, delta=delta, confidence=confidence))
     rows = tuple((int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds))
     guesses, correct, lower_bound = max(rows, key=lambda row: row[2])
-    fdp_bound = float(fdp_epsilon_lower_bound(m, guesses, correct, **bound_kwargs))
-    return GuessOutcome(guesses, correct, lower_bound, fdp_bound, rows)
+    return GuessOutcome(guesses, correct, lower_bound, rows)
 
 
-def decide_verdict(config: AuditConfig, lower_bound: float, claimed: float, m: int) -> tuple[str, int | None]:
-    """``(verdict, canaries needed)``: violation when ε_L exceeds the claim, undecided when the claim is
-    at or above this audit's ceiling ε_O (with the m that would decide it), else pass."""
-    if lower_bound > claimed:
+@dataclass(frozen=True)
+class CurveOutcome:
+    """The curve test of one audit (:func:`dpverify.stats.curves.curve_test`) on every guess count:
+    ``refuted`` the claimed curve, ``epsilon`` the ε at the claim's δ of the weakest refuted member of the
+    claim's family (σ at fixed q, steps), ``claimed_epsilon`` the claimed curve's own ε at that δ,
+    ``p_value`` the smallest tail bound (to compare with the per-count level), ``mu`` the refuted GDP μ at
+    q = 1; ``decidable``: whether every guess correct would refute the claimed curve."""
+
+    refuted: bool
+    epsilon: float
+    claimed_epsilon: float
+    p_value: float
+    mu: float | None
+    decidable: bool
+
+
+def curve_outcome(outcome: GuessOutcome, run: ClaimedRun, *, m: int, guess_rule: GuessRule, confidence: float, delta: float) -> CurveOutcome:
+    """The curve test of ``run`` on ``outcome``'s counts, at ``confidence`` split over the guess grid."""
+    guesses, correct = outcome.counts
+    per_count = guess_rule.corrected_confidence(confidence)
+    result = curve_test(m, guesses, correct, claim=run, delta=delta, confidence=per_count)
+    decidable = result.refuted or bool(np.any(curve_refutes(m, guesses, guesses, curve=run.curve(), confidence=per_count)))
+    return CurveOutcome(result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, decidable)
+
+
+def decide_verdict(
+    config: AuditSettings, lower_bound: float, claimed: float, m: int, *, delta: float, curve: CurveOutcome | None = None
+) -> tuple[str, int | None]:
+    """``(verdict, canaries needed)``: violation when ε_L exceeds the claim or the curve test refutes the
+    claimed curve; undecided when neither test could ever refute it at this m (the claim at or above the
+    ceiling ε_O at the claim's ``delta``, and the curve out of reach), with the m that would decide the
+    (ε, δ) test; else pass. A NaN claim or ε_L is an :class:`AuditFailure`, never a verdict."""
+    if math.isnan(claimed) or math.isnan(lower_bound):
+        raise AuditFailure(f"cannot decide on claimed ε = {claimed} and ε_L = {lower_bound}")
+    if lower_bound > claimed or (curve is not None and curve.refuted):
         return "violation", None
-    if claimed >= audit_ceiling(config, m):
-        return "undecided", canaries_needed(config, claimed)
+    if claimed >= audit_ceiling(config, m, delta=delta) and (curve is None or not curve.decidable):
+        return "undecided", canaries_needed(config, claimed, delta=delta)
     return "pass", None
 
 
 def concluded_result(
     fields: dict[str, Any],
-    config: AuditConfig,
+    config: AuditSettings,
     trained: TrainedModel,
     scores: np.ndarray,
     membership: np.ndarray,
@@ -272,24 +408,35 @@ def concluded_result(
     clock: AuditClock,
     test_accuracy: float | None = None,
 ) -> AuditResult:
-    """Guesses, bound and verdict of ``scores`` against ``membership``, as the audit's result; ``claim`` is
-    :func:`claimed_epsilon` of ``trained`` in the design's relation."""
+    """Both tests and the verdict of ``scores`` against ``membership``, as the audit's result; ``claim`` is
+    :func:`claimed_epsilon` of ``trained`` in the design's relation. Both tests use the δ the claim holds at
+    (design rule 8), and a claim that contradicts its own numbers is a violation whatever the scores."""
     m = fields["m"]
     claimed, derivation = claim
-    outcome = guess_and_bound(
-        scores, membership, guess_rule=config.guess_rule, confidence=config.confidence, delta=config.hyperparameters.delta
-    )
-    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m)
+    delta = trained.claim.delta
+    steinke_confidence, curve_confidence = split_confidence(config.confidence)
+    outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke_confidence, delta=delta)
+    run = claimed_run(trained.claim, config.relation)
+    curve = curve_outcome(outcome, run, m=m, guess_rule=config.guess_rule, confidence=curve_confidence, delta=delta)
+    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m, delta=delta, curve=curve)
+    inconsistency = claim_inconsistency(trained.claim)
+    if inconsistency:
+        verdict, needed, derivation = "violation", None, f"{derivation}. {inconsistency}"
     return AuditResult(
-        **fields,
+        **{**fields, "delta": delta},
         claimed_epsilon=claimed,
         library_epsilon=trained.claim.epsilon,
         claim_derivation=derivation,
+        claim_consistent=inconsistency is None,
         epsilon_lower_bound=outcome.epsilon_lower_bound,
-        fdp_epsilon_lower_bound=outcome.fdp_epsilon_lower_bound,
+        curve_epsilon_lower_bound=curve.epsilon,
+        curve_claimed_epsilon=curve.claimed_epsilon,
+        curve_refuted=curve.refuted,
+        curve_p_value=curve.p_value,
+        curve_mu=curve.mu,
         guesses=outcome.guesses,
         correct=outcome.correct,
-        optimal_epsilon=audit_ceiling(config, m),
+        optimal_epsilon=audit_ceiling(config, m, delta=delta),
         canaries_needed=needed,
         verdict=verdict,
         device=trained.device,
@@ -308,8 +455,8 @@ Scorer = Callable[[TrainedModel], "tuple[np.ndarray, np.ndarray, float | None]"]
 
 def audit_through_contract(
     implementation: Implementation,
-    config: AuditConfig,
-    request: TrainingRequest,
+    config: AuditSettings,
+    request: Request,
     score: Scorer,
     *,
     m: int,
@@ -322,7 +469,7 @@ def audit_through_contract(
     ends as verdict ``error``. ``returns`` is the black-box type the request's contract promises."""
     fields = result_fields(implementation, config, m)
     try:
-        trained = train_through_contract(implementation, request, returns=returns)
+        trained = train_through_contract(implementation, request, returns=returns, timeout=config.timeout)
         claim = claimed_epsilon(trained, config.relation)
         say("querying the black box")
         scoring_started, answering = time.perf_counter(), clock.black_box_seconds
@@ -351,73 +498,26 @@ def audit_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, 
     )
 
 
-def membership_before_training(design: str, rng: np.random.Generator, m: int) -> tuple[np.ndarray | None, np.ndarray]:
-    """``(bits drawn now or None, canaries to train on)``. Inclusion: the bits are drawn before training
-    and pick the training set. Pair: every canary is trained on and the bits are drawn after training
-    (Algorithm 2), so the trainer cannot depend on them."""
-    if design == "inclusion":
+def membership_before_training(relation: str, rng: np.random.Generator, m: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(bits drawn now or None, which of the m records to train on)``, by the relation the design tests.
+
+    add/remove: the bits are drawn before training and S_i = +1 puts record i in the training set.
+    replace-one (Algorithm 2): every record is trained on and the bits are drawn after training
+    (:func:`membership_after_training`), so the trainer cannot depend on them."""
+    if relation == "add_remove":
         drawn = draw_membership(rng, m)
         return drawn, drawn == 1
     return None, np.ones(m, dtype=bool)
 
 
-def run_audit(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
-    """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
+def membership_after_training(drawn_before: np.ndarray | None, rng: np.random.Generator, m: int) -> np.ndarray:
+    """The secret bits once the model is trained: those drawn before training, or m drawn now."""
+    return drawn_before if drawn_before is not None else draw_membership(rng, m)
 
-    A failure in training, in the black box or in the claim ends as verdict ``error``. Seeds: one
-    :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits' and
-    the trainer's streams, so the same seed repeats the whole audit on the same device. Data-dependent
-    designs run :func:`dpverify.audits.data_dependent.run_data_audit`; a language-model implementation runs
-    :func:`dpverify.audits.language.run_language_audit` with this config's privacy target, level, seed and device.
-    """
-    if implementation.info.task == "language":
-        from dpverify.audits.language import language_config_like, run_language_audit
 
-        return run_language_audit(implementation, language_config_like(config), progress=progress)
-    if not isinstance(config, AuditConfig):
-        raise TypeError(
-            f"{implementation.info.name} trains a classifier; audit it with a dpverify.config.AuditConfig, "
-            f"got {type(config).__name__}"
-        )
-    if config.is_data_dependent:
-        from dpverify.audits.data_dependent import run_data_audit
-
-        return run_data_audit(implementation, config, progress=progress)
-    say = progress or (lambda message: None)
-    clock = AuditClock(time.perf_counter())
-    device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
-    auditor_started = time.perf_counter()
-    canary_rng, membership_rng, training_seed = audit_streams(config.seed)
-    canaries = make_canaries(config.canaries, rng=canary_rng)
-    m = canaries.m
-    drawn_before, trained_on = membership_before_training(config.design, membership_rng, m)
-    request = TrainingRequest(
-        features=canaries.features[trained_on],
-        labels=canaries.labels[trained_on],
-        num_classes=canaries.num_classes,
-        architecture=config.architecture,
-        hyperparameters=config.hyperparameters,
-        seed=training_seed,
-        device=device,
-    )
-    clock.auditor_seconds = time.perf_counter() - auditor_started
-
-    def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, None]:
-        log_probs = query_black_box(trained, canaries.features, expected_shape=(m, canaries.num_classes))
-        membership = drawn_before if drawn_before is not None else draw_membership(membership_rng, m)
-        if config.design == "pair":
-            # S = +1 presents the trained label, S = -1 the fresh one (Algorithm 2, lines 5-7).
-            shown, other = (
-                np.where(membership == 1, canaries.labels, canaries.comparison_labels),
-                np.where(membership == 1, canaries.comparison_labels, canaries.labels),
-            )
-        else:
-            shown, other = canaries.labels, canaries.comparison_labels
-        if config.score_kind == "self_comparison":
-            return self_comparison_scores(log_probs, shown, other), membership, None
-        if config.score_kind == "mean_comparison":
-            return mean_comparison_scores(log_probs, shown), membership, None
-        return loss_scores(log_probs, shown), membership, None
-
-    say(f"training {implementation.info.name} on {request.num_records} of {m} canaries ({device})")
-    return audit_through_contract(implementation, config, request, score, m=m, clock=clock, say=say)
+def present_pair(membership: np.ndarray, trained: np.ndarray, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(shown, other)``: S_i = +1 presents record i's trained value and S_i = −1 its fresh one (Algorithm
+    2, lines 5–7). The values are labels, rows of tags or likelihoods; ``membership`` (m,) broadcasts over
+    their trailing axes. Any score of (shown, other) then obeys Theorem 1 in the replace-one relation."""
+    picks_trained = (membership == 1).reshape(membership.shape + (1,) * (np.ndim(trained) - 1))
+    return np.where(picks_trained, trained, fresh), np.where(picks_trained, fresh, trained)

@@ -1,78 +1,145 @@
-"""The ``dp_audit`` fixture object, and the one function every audit of a session goes through.
+"""The ``dp_audit`` fixture object, and the one path every audit of a session goes through (the fixture and
+the ready-made items alike): configuration, counting against the plan, seed and level, recording on the
+test's report, and judging the verdict against the implementation's expectation.
 
 Imported lazily by the plugin (it pulls in numpy and the engine), only when an audit actually runs.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
-from typing import Any
+import zlib
+from typing import Any, NoReturn
 
-from dpverify.audits.steps import run_audit
+import pytest
+
+from dpverify.audits import run_audit
 from dpverify.config import OVERRIDABLE, AuditConfig, profile_config
 from dpverify.contract import Implementation
-from dpverify.registry import get_implementation
+from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
-from dpverify.session import RESULTS_KEY, AuditSession
+from dpverify.pytest.stash import RESULT_PROPERTY
+from dpverify.session import MUST_CATCH, AuditSession
 
 #: Marker keywords: audit settings except the session's own (seed, confidence), plus profile and audits.
 MARKER_KEYWORDS = tuple(name for name in OVERRIDABLE if name not in ("seed", "confidence")) + ("profile", "audits")
+#: Fields of a result that also travel as their own JUnit properties, for CI systems that read JUnit XML.
+JUNIT_FIELDS = ("implementation", "verdict", "claimed_epsilon", "epsilon_lower_bound", "curve_refuted", "confidence", "seed")
+
+
+class KnownIssueFound(UserWarning):
+    """An unmodified library leaked as its upstream report says: shown in the warnings summary."""
 
 
 class AuditBudgetExceeded(RuntimeError):
-    """A test ran more audits than it declared, which would break the session-wide level."""
+    """A test ran more audits than the plan counted for it, which would break the session-wide level."""
 
 
 def audit_config(session: AuditSession, overrides: dict[str, Any]) -> AuditConfig:
-    """The session's profile with ``overrides`` (marker or call keywords) and the session's device."""
-    overrides = dict(overrides)
+    """The session's profile with its ``--dp-audit-set`` settings, then ``overrides`` (marker or call
+    keywords), the session's target ε, device and time limit where those do not say."""
+    overrides = {**session.settings, **overrides}
     profile = overrides.pop("profile", session.profile)
     overrides.pop("audits", None)
     overrides.setdefault("epsilon", session.epsilon)
     overrides.setdefault("device", session.device)
+    if session.timeout is not None:
+        overrides.setdefault("timeout", session.timeout)
     return profile_config(profile, **overrides)
 
 
 def execute_audit(
-    session: AuditSession,
-    node: Any,
-    implementation: Implementation | str,
-    config: AuditConfig,
-    *,
-    key: str,
+    session: AuditSession, node: Any, implementation: Implementation, config: Any, *, key: str, counted: bool
 ) -> AuditResult:
-    """Run one audit at the session's per-audit confidence and seed, and record it on ``node``."""
-    if isinstance(implementation, str):
-        implementation = get_implementation(implementation)
+    """Count the audit against the session's plan, run it at the session's per-audit confidence and the
+    seed of ``key``, and record it on ``node``'s reports (JUnit properties included)."""
+    session.start_audit(counted=counted, where=node.nodeid)
     config = config.with_overrides(seed=session.audit_seed(key), confidence=session.per_audit_confidence)
     result = run_audit(implementation, config)
+    record = {**result.to_dict(), "nodeid": node.nodeid}
+    node.user_properties.extend((f"dp_audit_{name}", record[name]) for name in JUNIT_FIELDS)
     # The planned count travels with the result: under xdist only the workers collect and count.
-    node.stash.setdefault(RESULTS_KEY, []).append({**result.to_dict(), "planned_audits": session.planned_audits})
+    node.user_properties.append((RESULT_PROPERTY, json.dumps({**record, "planned_audits": session.planned_audits})))
     if session.plots_dir:
         _save_plots(result, session.plots_dir)
     return result
 
 
-def reproduce_hint(session: AuditSession, node: Any) -> str:
-    selector = f'-k "{node.name}"' if node.nodeid.startswith("::") else f'"{node.nodeid}"'
-    return f"pytest --dp-audit --dp-audit-seed {session.seed} --dp-audit-profile {session.profile} {selector}"
+def reproduce_hint(session: AuditSession, node: Any, implementation: Implementation) -> str:
+    """The command that reruns this audit as it ran: same seed, target, device, settings and level."""
+    parts = [
+        "pytest --dp-audit",
+        f"--dp-audit-seed {session.seed}",
+        f"--dp-audit-profile {session.profile}",
+        f"--dp-audit-epsilon {session.epsilon:g}",
+        f"--dp-audit-device {session.device}",
+        f"--dp-audit-confidence-per-audit {session.per_audit_confidence!r}",
+    ]
+    if any(registered is implementation for registered in registered_implementations()):
+        parts.append(f"--dp-audit-implementations {implementation.info.name}")
+    parts += [f"--dp-audit-set '{name}={value!r}'" for name, value in session.settings.items()]
+    parts.append(f'-k "{node.name}"' if node.nodeid.startswith("dp-audit::") else f'"{node.nodeid}"')
+    return " ".join(parts)
 
 
-def raise_for_verdict(result: AuditResult, *, reproduce: str) -> None:
-    if result.verdict == "violation":
-        raise DPViolation(result, reproduce=reproduce)
+def judge(result: AuditResult, implementation: Implementation, *, strict: bool, reproduce: str) -> None:
+    """Raise, skip or xfail as ``result`` means for a test of ``implementation``, by its expectation.
+
+    Expected private: a violation raises :class:`DPViolation`, an undecided audit skips (fails under
+    ``strict``: undecided is never a pass). A buggy variant: its violation is the expected outcome; a
+    D1/D2 variant not caught fails (the audit missed a bug it must catch), a D3/D4 one is an expected
+    failure. A known issue of an unmodified library: found again, the test passes and says so (a finding
+    with its evidence and upstream report, not an xfail); not found, it passes as an audit would. An
+    error always raises :class:`AuditError`.
+    """
+    info = implementation.info
     if result.verdict == "error":
         raise AuditError(result)
+    if info.expected == "known-issue":
+        if result.verdict == "violation":
+            warnings.warn(f"known issue {info.issue} found again: {result.summary()}", KnownIssueFound, stacklevel=2)
+        return
+    if info.expected == "violation":
+        if result.verdict == "violation":
+            return
+        missed = f"buggy variant {info.name} ({info.detectability}: {info.breaks}) was not caught: {result.summary()}"
+        if info.detectability in MUST_CATCH:
+            pytest.fail(missed, pytrace=False)
+        pytest.xfail(missed)
+    if result.verdict == "violation":
+        raise DPViolation(result, reproduce=reproduce)
+    if result.verdict == "undecided":
+        _undecided(result, strict=strict)
+
+
+def _undecided(result: AuditResult, *, strict: bool) -> NoReturn:
+    message = f"{result.summary()} (undecided is not a pass: --dp-audit-strict makes it a failure)"
+    if strict:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def example_key(node: Any, implementation: Implementation, config: Any) -> str:
+    """A Hypothesis example's seed key: its own settings, so a replayed or shrunk example keeps its seed."""
+    digest = zlib.crc32(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
+    return f"{node.nodeid}#{implementation.info.name}#{digest:08x}"
 
 
 class DPAudit:
     """``dp_audit(implementation, config=None, **settings) -> AuditResult``.
 
-    Runs one audit; raises :class:`~dpverify.results.DPViolation` when the claim is refuted and
-    :class:`~dpverify.results.AuditError` when training failed. Settings come from, in order, the call's
-    keywords, the test's ``dp_audit`` marker, the command line, the environment and the ini file; a
+    Runs one audit of ``implementation`` (an object or a registered name) and judges it as the ready-made
+    audits do (:func:`judge`): a private implementation's refuted claim raises
+    :class:`~dpverify.results.DPViolation`, a buggy variant's expected violation returns its result. An
+    implementation whose library is missing skips with the extra to install. Settings come from, in
+    order, the call's keywords, the test's ``dp_audit`` marker, ``--dp-audit-set``, the profile; a
     ``config`` passed explicitly (e.g. drawn by Hypothesis) is used as given, with the call's keywords on
     top. The seed and the confidence are always the session's.
+
+    The test may run as many audits as the plan counted for it (``budget``). In a Hypothesis test, once an
+    audit has failed the test fails whatever follows, so the audits Hypothesis runs while shrinking and
+    replaying are not counted; each example is seeded from its own settings, so a replay repeats it.
     """
 
     def __init__(self, session: AuditSession, node: Any, marker_settings: dict[str, Any], budget: int) -> None:
@@ -80,8 +147,9 @@ class DPAudit:
         self._node = node
         self._marker_settings = marker_settings
         self._budget = budget
+        self._hypothesis = bool(getattr(getattr(node, "function", None), "is_hypothesis_test", False))
+        self._failed = False
         self.calls = 0
-        self.violations = 0
 
     def config(self, **settings: Any) -> AuditConfig:
         """The configuration an audit with ``settings`` would run (before the session's seed and level)."""
@@ -89,29 +157,43 @@ class DPAudit:
 
     def __call__(self, implementation: Implementation | str, config: AuditConfig | None = None, **settings: Any) -> AuditResult:
         if not self._session.enabled:
-            import pytest
-
             pytest.skip("DP audits are off; run pytest with --dp-audit")
-        self.calls += 1
-        if self.calls > self._budget and not self.violations:
-            raise AuditBudgetExceeded(
-                f"{self._node.nodeid} ran {self.calls} audits but declared {self._budget}; the session divides "
-                "its level by the declared count, so declare more with @pytest.mark.dp_audit(audits=N)"
-            )
+        if isinstance(implementation, str):
+            implementation = get_implementation(implementation)
+        reason = implementation.unavailable_reason()
+        if reason:
+            pytest.skip(reason)
         config = self.config(**settings) if config is None else config.with_overrides(**settings)
         if isinstance(config, AuditConfig) and config.is_data_dependent:
             from dpverify.datasets import data_unavailable_reason
 
             reason = data_unavailable_reason(config.data.dataset)
             if reason:
-                import pytest
-
                 pytest.skip(reason)
-        result = execute_audit(self._session, self._node, implementation, config, key=f"{self._node.nodeid}#{self.calls}")
-        if result.verdict == "violation":
-            self.violations += 1
-        raise_for_verdict(result, reproduce=reproduce_hint(self._session, self._node))
+        counted = self._count()
+        key = example_key(self._node, implementation, config) if self._hypothesis else f"{self._node.nodeid}#{self.calls}"
+        result = execute_audit(self._session, self._node, implementation, config, key=key, counted=counted)
+        try:
+            judge(result, implementation, strict=self._session.strict, reproduce=reproduce_hint(self._session, self._node, implementation))
+        except BaseException:
+            self._failed = True
+            raise
         return result
+
+    def _count(self) -> bool:
+        """Count one audit against this test's budget; ``False`` for a Hypothesis test's audits after a
+        failure (shrinking and replaying), which cannot make a failing test fail."""
+        if self._hypothesis and self._failed:
+            return False
+        self.calls += 1
+        if self.calls > self._budget:
+            planned = f"counted {self._budget} audit(s) for it" if self._budget else "did not count it"
+            raise AuditBudgetExceeded(
+                f"{self._node.nodeid} ran audit {self.calls}, but the session's plan {planned}; the session "
+                "divides its level by the audits it planned at collection. Request the dp_audit fixture as a "
+                "test argument and declare the test's audits with @pytest.mark.dp_audit(audits=N)"
+            )
+        return True
 
 
 def _save_plots(result: AuditResult, directory: str) -> None:

@@ -1,9 +1,11 @@
-"""The ready-made audit test: one collected item per registered implementation, no test code needed.
+"""The ready-made audit tests: one item per selected implementation, no test code needed, under a virtual
+module ``dp-audit`` (node ids ``dp-audit::dp-audit[<name>]``, JUnit class ``dp-audit``) and marked
+``dp_audit``, so ``-k``, ``-m dp_audit`` and JUnit readers see them as tests like any other.
 
-Expectations: a private implementation must not be refuted; a buggy variant of class D1 or D2 must be
-(else the item fails: the audit missed a bug it should catch); a D3/D4 variant is run and reported, and
-an uncaught one is an expected failure (xfail), not a failure. An audit that cannot decide is skipped
-with the number of canaries it would need; an error always fails.
+Expectations are :func:`dpverify.pytest.fixture.judge`'s: a private implementation must not be refuted; a
+D1/D2 buggy variant must be (else the item fails: the audit missed a bug it should catch); an uncaught
+D3/D4 variant is an expected failure (xfail); an audit that cannot decide is skipped with the number of
+canaries it would need (a failure under ``--dp-audit-strict``); an error always fails.
 """
 
 from __future__ import annotations
@@ -12,7 +14,18 @@ from typing import Any
 
 import pytest
 
-from dpverify.session import MUST_CATCH, SESSION_KEY, AuditSession
+from dpverify.pytest.stash import SESSION_KEY
+from dpverify.session import AuditSession
+
+MODULE = "dp-audit"
+
+
+class DPAuditModule(pytest.Collector):
+    """The virtual module the ready-made items live in: it collects nothing by itself; the plugin adds the
+    items of the selected implementations."""
+
+    def collect(self) -> list[pytest.Item]:
+        return []
 
 
 class DPAuditItem(pytest.Item):
@@ -20,13 +33,14 @@ class DPAuditItem(pytest.Item):
         super().__init__(**kwargs)
         self.implementation_name = implementation_name
         self.expected = expected
+        self.add_marker("dp_audit")
 
     @property
     def audit_session(self) -> AuditSession:
         return self.config.stash[SESSION_KEY]
 
     def runtest(self) -> None:
-        from dpverify.pytest.fixture import audit_config, execute_audit, raise_for_verdict, reproduce_hint
+        from dpverify.pytest.fixture import audit_config, execute_audit, judge, reproduce_hint
         from dpverify.registry import get_implementation
 
         session = self.audit_session
@@ -34,20 +48,13 @@ class DPAuditItem(pytest.Item):
         reason = implementation.unavailable_reason()
         if reason:
             pytest.skip(reason)
-        result = execute_audit(session, self, implementation, audit_config(session, {}), key=self.nodeid)
-        info = implementation.info
-        if info.expected == "violation" and result.verdict != "error":
-            if result.verdict == "violation":
-                return
-            missed = (
-                f"buggy variant {info.name} ({info.detectability}: {info.breaks}) was not caught: {result.summary()}"
-            )
-            if info.detectability in MUST_CATCH:
-                pytest.fail(missed, pytrace=False)
-            pytest.xfail(missed)
-        raise_for_verdict(result, reproduce=reproduce_hint(session, self))
-        if result.verdict == "undecided":
-            pytest.skip(result.summary())
+        # Keyed by the name alone, so one seed means one audit here and in `dpverify audit --seed`. A buggy
+        # variant's audit cannot raise a false alarm, so the plan gives it no share of the level.
+        result = execute_audit(
+            session, self, implementation, audit_config(session, {}), key=self.implementation_name,
+            counted=self.expected == "private",
+        )
+        judge(result, implementation, strict=session.strict, reproduce=reproduce_hint(session, self, implementation))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         from dpverify.results import AuditError, DPViolation

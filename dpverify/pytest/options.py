@@ -52,6 +52,30 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+def _flag(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"must be true or false, got {text!r}")
+    return lowered in ("1", "true", "yes", "on")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0 seconds, got {value:g}")
+    return value
+
+
+def _assignments(text: str) -> tuple[str, ...]:
+    """``NAME=VALUE`` pairs, one per line or separated by ';'."""
+    pairs = tuple(pair.strip() for line in text.splitlines() for pair in line.split(";") if pair.strip())
+    for pair in pairs:
+        name, sep, _ = pair.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"takes NAME=VALUE, got {pair!r}")
+    return pairs
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: ``--dp-audit-<name>``, ini ``dp_audit_<name>``, env ``DPVERIFY_<NAME>``."""
@@ -61,6 +85,9 @@ class Setting:
     default: Any
     help: str
     metavar: str = "VALUE"
+    shown_default: str | None = None
+    repeated: bool = False
+    switch: bool = False
 
     @property
     def flag(self) -> str:
@@ -80,7 +107,14 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("profile", _choice(PROFILE_CHOICES), "quick", "audit profile: quick (CI, ~30 s per audit on 2 CPU cores), standard, or paper (GPU)", "NAME"),
+    Setting(
+        "profile",
+        _choice(PROFILE_CHOICES),
+        "quick",
+        "audit profile: quick (CI on 2 CPU cores: seconds per audit for Opacus ghost and the reference, minutes "
+        "for opacus-hooks and TF-Privacy, see benchmarks/results/speed.md), standard, or paper (GPU)",
+        "NAME",
+    ),
     Setting(
         "confidence",
         _probability,
@@ -89,12 +123,49 @@ SETTINGS: tuple[Setting, ...] = (
         "at most 1 - confidence (the level is divided among the session's audits)",
         "P",
     ),
-    Setting("seed", _seed, None, "seed for every audit of the session (default: random, printed in the header)", "N"),
-    Setting("device", _choice(DEVICE_CHOICES), "auto", "device to train on: auto (CUDA when available), cpu or cuda", "NAME"),
+    Setting(
+        "confidence-per-audit",
+        _probability,
+        None,
+        "every audit's own confidence, instead of the session's split (to reproduce one audit at the level "
+        "it ran at: the failure message prints it)",
+        "P",
+        shown_default="the session's level divided among the planned audits",
+    ),
+    Setting("seed", _seed, None, "seed for every audit of the session", "N", shown_default="random, printed in the header"),
+    Setting("device", _choice(DEVICE_CHOICES), "auto", "device to train on: auto (CUDA when available), cpu or cuda (an error without a GPU)", "NAME"),
     Setting("epsilon", _positive_or_inf, 2.0, "target ε the ready-made audits ask each implementation to calibrate to", "EPS"),
-    Setting("implementations", _names, (), "comma-separated names of the registered implementations to audit (default: all)", "NAMES"),
-    Setting("report", str, None, "write a JSON report of every audit to PATH", "PATH"),
-    Setting("plots", str, None, "write per-audit PNG plots to DIR (needs matplotlib)", "DIR"),
+    Setting(
+        "implementations",
+        _names,
+        (),
+        "comma-separated names or glob patterns of the registered implementations to audit (ready-made "
+        "audits and dp_implementation); a name that matches nothing is an error; none: no implementation",
+        "NAMES",
+        shown_default="those your conftest or packages register, not dpverify's own",
+    ),
+    Setting(
+        "set",
+        _assignments,
+        (),
+        "an audit setting for every audit, as a marker keyword (e.g. max_grad_norm=0.5); VALUE is a Python "
+        "literal; repeat the flag, or separate with ';' (a marker's keyword wins)",
+        "NAME=VALUE",
+        shown_default="none",
+        repeated=True,
+    ),
+    Setting("strict", _flag, False, "fail (rather than skip) an audit that cannot decide (verdict undecided)", switch=True),
+    Setting(
+        "timeout",
+        _seconds,
+        None,
+        "time limit of one audit's training in seconds; past it the audit ends as verdict error naming the "
+        "limit",
+        "SECONDS",
+        shown_default="the profile's (quick 1800, standard 3600, paper 14400)",
+    ),
+    Setting("report", str, None, "write a JSON report of every audit to PATH (rewritten after each audit)", "PATH", shown_default="none"),
+    Setting("plots", str, None, "write per-audit PNG plots to DIR (needs matplotlib)", "DIR", shown_default="none"),
 )
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
 
@@ -111,14 +182,19 @@ def add_options(parser: Any) -> None:
     )
     parser.addini("dp_audit", "run the DP audits (as --dp-audit)", type="bool", default=False)
     for setting in SETTINGS:
+        shown = setting.shown_default if setting.shown_default is not None else setting.default
         group.addoption(
             setting.flag,
             dest=setting.dest,
             default=None,
-            metavar=setting.metavar,
-            help=f"{setting.help} [ini: {setting.ini}, env: {setting.env}, default: {setting.default}]",
+            **(
+                dict(action="store_const", const="true")
+                if setting.switch
+                else dict(action="append" if setting.repeated else "store", metavar=setting.metavar)
+            ),
+            help=f"{setting.help} [ini: {setting.ini}, env: {setting.env}, default: {shown}]",
         )
-        parser.addini(setting.ini, setting.help, default=None)
+        parser.addini(setting.ini, setting.help, type="linelist" if setting.repeated else "string", default=None)
 
 
 def audit_enabled(config: Any) -> bool:
@@ -139,6 +215,8 @@ def resolve(config: Any, name: str) -> Any:
         (config.getini(setting.ini), f"ini option {setting.ini}"),
     )
     for raw, source in candidates:
+        if isinstance(raw, (list, tuple)):  # a repeated flag, or an ini linelist
+            raw = "\n".join(raw)
         if raw is None or raw == "":
             continue
         try:

@@ -5,14 +5,18 @@ Imports nothing heavy: numpy, the engine and any DP library are imported only wh
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dpverify.pytest import options
-from dpverify.session import RESULT_PROPERTY, RESULTS_KEY, SESSION_KEY, AuditSession, outcome_as_expected
+from dpverify.pytest.stash import PLANNED_KEY, RESULT_PROPERTY, SESSION_KEY
+from dpverify.session import AuditSession, outcome_as_expected
 
 MARKER_HELP = (
     "dp_audit(**settings): settings for the audits this test runs through the dp_audit fixture "
@@ -28,33 +32,104 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
     try:
-        seed = options.resolve(config, "seed")
-        worker_input = getattr(config, "workerinput", None)
-        if worker_input is not None and "dp_audit_seed" in worker_input:
-            seed = worker_input["dp_audit_seed"]
-        elif seed is None:
-            seed = random.SystemRandom().randrange(2**31)
-        session = AuditSession(
-            enabled=options.audit_enabled(config),
-            profile=options.resolve(config, "profile"),
-            confidence=options.resolve(config, "confidence"),
-            seed=seed,
-            device=options.resolve(config, "device"),
-            epsilon=options.resolve(config, "epsilon"),
-            implementations=options.resolve(config, "implementations"),
-            report_path=options.resolve(config, "report"),
-            plots_dir=options.resolve(config, "plots"),
-        )
+        session = _session(config)
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
-    config.pluginmanager.register(session, "dpverify-session")
+    config.pluginmanager.register(ResultGatherer(session), "dpverify-results")
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    from dpverify.registry import forget_registrations
+def _session(config: pytest.Config) -> AuditSession:
+    """The session from the settings, each checked here, before anything is collected or trained."""
+    seed = options.resolve(config, "seed")
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and "dp_audit_seed" in worker_input:
+        seed = worker_input["dp_audit_seed"]
+    elif seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    session = AuditSession(
+        enabled=options.audit_enabled(config),
+        profile=options.resolve(config, "profile"),
+        confidence=options.resolve(config, "confidence"),
+        confidence_per_audit=options.resolve(config, "confidence-per-audit"),
+        seed=seed,
+        device=options.resolve(config, "device"),
+        epsilon=options.resolve(config, "epsilon"),
+        implementations=options.resolve(config, "implementations"),
+        settings=_settings(options.resolve(config, "set")),
+        strict=options.resolve(config, "strict"),
+        timeout=options.resolve(config, "timeout"),
+        report_path=options.resolve(config, "report"),
+        plots_dir=options.resolve(config, "plots"),
+    )
+    if session.enabled:
+        _check_device(session.device)
+        for path, what in ((session.report_path, "--dp-audit-report"), (session.plots_dir, "--dp-audit-plots")):
+            _check_writable(path, what, directory=what == "--dp-audit-plots")
+    return session
 
-    forget_registrations()
+
+def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
+    if not pairs:
+        return {}
+    from dpverify.config import parse_settings  # framework-free, but pulls in numpy: only when used
+    from dpverify.pytest.fixture import MARKER_KEYWORDS
+    try:
+        settings = parse_settings(pairs)
+    except ValueError as exc:
+        raise options.OptionError(f"--dp-audit-set: {exc}") from None
+    unknown = sorted(set(settings) - set(MARKER_KEYWORDS) - {"audits"})
+    if unknown:
+        raise options.OptionError(
+            f"--dp-audit-set: unknown audit setting(s) {', '.join(unknown)}; known: {', '.join(sorted(MARKER_KEYWORDS))}"
+        )
+    return settings
+
+
+def _check_device(device: str) -> None:
+    if device != "cuda":
+        return
+    from dpverify.audits.steps import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise options.OptionError(f"--dp-audit-device: {exc}") from None
+
+
+def _check_writable(path: str | None, option: str, *, directory: bool) -> None:
+    """Create ``path``'s directory now and check it can be written, so a bad path fails at once, not after
+    every audit has run."""
+    if not path:
+        return
+    folder = Path(path) if directory else Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise options.OptionError(f"{option}={path!r}: cannot create {folder}: {exc.strerror}") from None
+    if not os.access(folder, os.W_OK) or (not directory and Path(path).is_dir()):
+        raise options.OptionError(f"{option}={path!r}: cannot write there; give a writable path")
+
+
+class ResultGatherer:
+    """Gathers audit results from test reports: in-process, or from every worker in the xdist controller
+    (which collects nothing itself, so it learns the planned count from the workers' results). Results
+    ride on the teardown report, which carries every property the test recorded; the JSON report is
+    rewritten after each, so an interrupted session keeps what it ran."""
+
+    def __init__(self, session: AuditSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "teardown":
+            return
+        gathered = False
+        for name, value in report.user_properties:
+            if name == RESULT_PROPERTY:
+                self.session.gather(json.loads(value))
+                gathered = True
+        if gathered and self.session.enabled:
+            self.session.write_report()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -65,37 +140,88 @@ def pytest_configure_node(node: Any) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     session = config.stash[SESSION_KEY]
-    return session.header() if session.enabled else None
+    return session.header(rerun=f"--dp-audit-seed {session.seed}") if session.enabled else None
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    from dpverify.pytest.items import DPAuditItem
+    """Add the ready-made audits of the selected implementations (before ``-k``/``-m`` deselect any) under
+    the virtual module ``dp-audit``, reported as collected so the counts add up."""
+    audit_session = config.stash[SESSION_KEY]
+    if not audit_session.enabled:
+        return
+    from dpverify.pytest.items import MODULE, DPAuditItem, DPAuditModule
+
+    module = DPAuditModule.from_parent(session, name=MODULE, nodeid=MODULE)
+    added = [
+        DPAuditItem.from_parent(
+            module, name=f"dp-audit[{implementation.info.name}]", implementation_name=implementation.info.name,
+            expected=implementation.info.expected,
+        )
+        for implementation in _selected_implementations(audit_session)
+    ]
+    if added:
+        items.extend(added)
+        config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, added))
+
+
+def _selected_implementations(audit_session: AuditSession) -> list[Any]:
+    """The implementations the session audits: those ``--dp-audit-implementations`` names (a name or glob
+    that matches nothing is a usage error listing the names; ``none``: no implementation), by default those
+    not bundled with dpverify."""
     from dpverify.registry import is_bundled, registered_implementations
 
-    audit_session = config.stash[SESSION_KEY]
-    for implementation in registered_implementations() if audit_session.enabled else ():
-        name = implementation.info.name
-        wanted = audit_session.selected(name) if audit_session.implementations else not is_bundled(name)
-        if wanted:
-            items.append(
-                DPAuditItem.from_parent(
-                    session, name=f"dp-audit[{name}]", implementation_name=name, expected=implementation.info.expected
-                )
-            )
+    registered = registered_implementations()
+    if not audit_session.implementations:
+        return [i for i in registered if not is_bundled(i.info.name)]
+    if audit_session.implementations == ("none",):
+        return []
+    unmatched = [
+        pattern
+        for pattern in audit_session.implementations
+        if not any(fnmatch.fnmatchcase(i.info.name, pattern) for i in registered)
+    ]
+    if unmatched:
+        raise pytest.UsageError(
+            f"--dp-audit-implementations: {', '.join(unmatched)} matches no registered implementation; "
+            f"registered: {', '.join(i.info.name for i in registered)}"
+        )
+    return [i for i in registered if audit_session.selected(i.info.name)]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Plan the session's level from the items that will run (after ``-k``, ``-m`` and node-id selection):
+    each keeps its own count, the budget its audits are held to."""
+    audit_session = session.config.stash[SESSION_KEY]
+    if not audit_session.enabled:
+        return
+    from dpverify.pytest.items import DPAuditItem
+
     planned = 0
-    for item in items:
+    for item in session.items:
         if isinstance(item, DPAuditItem):
             # A buggy variant fails the session only when it is *not* refuted, so its audits cannot cause
             # a false alarm and need no share of the level.
-            planned += item.expected == "private"
-        elif "dp_audit" in getattr(item, "fixturenames", ()):
-            planned += _declared_audits(item)
+            count = int(item.expected == "private")
+        elif "dp_audit" in getattr(item, "fixturenames", ()) or item.get_closest_marker("dp_audit") is not None:
+            count = _declared_audits(item)
+        else:
+            continue
+        item.stash[PLANNED_KEY] = count
+        planned += count
     audit_session.planned_audits = planned
 
 
+class MarkerError(ValueError):
+    """A ``dp_audit`` marker with a bad argument; it fails its own test, never the whole session."""
+
+
 def _declared_audits(item: pytest.Item) -> int:
-    """How many audits ``item`` may run: its marker's ``audits``, a Hypothesis test's max_examples, or 1."""
-    settings = _marker_settings(item)
+    """How many audits ``item`` may run: its marker's ``audits``, a Hypothesis test's max_examples, or 1
+    (also for a bad marker: the test fails at setup without auditing)."""
+    try:
+        settings = _marker_settings(item)
+    except MarkerError:
+        return 1
     if "audits" in settings:
         return settings["audits"]
     hypothesis_settings = getattr(getattr(item, "function", None), "_hypothesis_internal_use_settings", None)
@@ -103,11 +229,12 @@ def _declared_audits(item: pytest.Item) -> int:
 
 
 def _marker_settings(item: pytest.Item) -> dict[str, Any]:
-    """The ``dp_audit`` marker's keywords (closest marker wins per key), validated."""
+    """The ``dp_audit`` marker's keywords (closest marker wins per key), checked; a bad one raises
+    :class:`MarkerError` naming the test, the keyword and the known ones."""
     merged: dict[str, Any] = {}
     for marker in reversed(list(item.iter_markers("dp_audit"))):
         if marker.args:
-            raise pytest.UsageError(f"{item.nodeid}: dp_audit marker takes keywords only, got {marker.args!r}")
+            raise MarkerError(f"{item.nodeid}: dp_audit marker takes keywords only, got {marker.args!r}")
         merged.update(marker.kwargs)
     if not merged:
         return merged
@@ -115,13 +242,13 @@ def _marker_settings(item: pytest.Item) -> dict[str, Any]:
 
     unknown = sorted(set(merged) - set(MARKER_KEYWORDS))
     if unknown:
-        raise pytest.UsageError(
+        raise MarkerError(
             f"{item.nodeid}: unknown dp_audit marker keyword(s) {', '.join(unknown)}; "
             f"known: {', '.join(sorted(MARKER_KEYWORDS))} (seed and confidence are the session's)"
         )
     audits = merged.get("audits", 1)
     if isinstance(audits, bool) or not isinstance(audits, int) or audits < 1:
-        raise pytest.UsageError(f"{item.nodeid}: dp_audit marker audits must be an integer >= 1, got {audits!r}")
+        raise MarkerError(f"{item.nodeid}: dp_audit marker audits must be an integer >= 1, got {audits!r}")
     return merged
 
 
@@ -133,21 +260,27 @@ def dp_audit(request: pytest.FixtureRequest) -> Any:
     session = request.config.stash[SESSION_KEY]
     if not session.enabled:
         pytest.skip("DP audits are off; run pytest with --dp-audit")
-    settings = _marker_settings(request.node)
     try:
+        settings = _marker_settings(request.node)
         audit_config(session, settings)
+    except MarkerError as exc:
+        pytest.fail(str(exc), pytrace=False)
     except ValueError as exc:
-        raise pytest.UsageError(f"{request.node.nodeid}: dp_audit marker: {exc}") from None
-    return DPAudit(session, request.node, settings, _declared_audits(request.node))
+        pytest.fail(f"{request.node.nodeid}: dp_audit marker: {exc}", pytrace=False)
+    return DPAudit(session, request.node, settings, request.node.stash.get(PLANNED_KEY, 0))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``dp_implementation`` takes the implementations the session audits, as the ready-made items do (the
+    fixture judges each by its own expectation); with audits off, every registered one, to be skipped."""
     if "dp_implementation" not in metafunc.fixturenames:
         return
     from dpverify.registry import registered_implementations
 
+    audit_session = metafunc.config.stash[SESSION_KEY]
+    chosen = _selected_implementations(audit_session) if audit_session.enabled else registered_implementations()
     params = []
-    for implementation in registered_implementations():
+    for implementation in chosen:
         reason = implementation.unavailable_reason()
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         params.append(pytest.param(implementation, id=implementation.info.name, marks=marks))
@@ -156,18 +289,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def dp_implementation(request: pytest.FixtureRequest) -> Any:
-    """Each registered implementation in turn (ids are their names)."""
+    """Each implementation the session audits in turn (ids are their names)."""
     return request.param
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    outcome = yield
-    report = outcome.get_result()
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        for result in item.stash.get(RESULTS_KEY, []):
-            report.user_properties.append((RESULT_PROPERTY, json.dumps(result)))
-        item.stash[RESULTS_KEY] = []
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -39,9 +39,10 @@ from scipy import fft, integrate, signal, special
 
 from dpverify._validation import check_choice, check_int, check_probability, check_real
 
-__all__ = ["add_remove_epsilon", "replace_one_epsilon"]
+__all__ = ["add_remove_epsilon", "privacy_profile", "replace_one_epsilon"]
 
 _METHODS = ("pld", "rdp", "group")
+RELATIONS = ("add_remove", "replace_one")
 # Mass the PLD may move to +∞ or lose off its upper end, as a fraction of δ: it is added to δ, so it
 # only makes ε larger (by a relative 1e-6 of δ, far below the discretisation error).
 _SLACK = 1e-6
@@ -123,12 +124,35 @@ def add_remove_epsilon(*, noise_multiplier, sampling_rate, steps, delta, method=
     return max(_ComposedPLD(pair, steps, _SLACK * delta).epsilon(delta) for pair in pairs)
 
 
-def _check(noise_multiplier, sampling_rate, steps, delta):
+def privacy_profile(*, noise_multiplier, sampling_rate, steps, relation, points=2000, floor=1e-12):
+    r"""The run's privacy profile δ(ε) on a grid of ε >= 0, an upper bound in *both* directions.
+
+    δ(ε) bounds :math:`\sup_S P(S) - e^\varepsilon Q(S)` for the neighbouring pair in either order:
+    for add/remove the larger of the remove and the (mirrored) add pair, which are each other's
+    reverse; the replace-one pair is its own mirror image. That two-sidedness is what a trade-off
+    curve built from the profile needs (Dong, Roth & Su 2022, Proposition 2.12). The pessimistic
+    PLD of :func:`replace_one_epsilon` gives it; the grid runs from 0 to the ε where δ falls to
+    ``floor`` (leaked mass, far below ``floor``, counts in full in every δ). σ must be > 0.
+
+    Returns ``(epsilons, deltas)``, two arrays of ``points`` values, δ non-increasing.
+    """
+    sigma, q, steps, floor = _check(noise_multiplier, sampling_rate, steps, floor, delta_name="floor")
+    relation = check_choice("relation", relation, RELATIONS)
+    points = check_int("points", points, low=2)
+    if sigma == 0:
+        raise ValueError("noise_multiplier must be > 0 for a privacy profile, got 0")
+    pairs = _add_remove_pairs(sigma, q) if relation == "add_remove" else [_Pair(sigma, q, 1.0, -1.0)]
+    plds = [_ComposedPLD(pair, steps, _SLACK * floor) for pair in pairs]
+    epsilons = np.linspace(0.0, max(pld.epsilon(floor) for pld in plds), points)
+    return epsilons, np.max([pld.delta(epsilons) for pld in plds], axis=0)
+
+
+def _check(noise_multiplier, sampling_rate, steps, delta, delta_name="delta"):
     return (
         check_real("noise_multiplier", noise_multiplier, low=0.0),
         check_real("sampling_rate", sampling_rate, low=0.0, high=1.0, low_open=True),
         check_int("steps", steps, low=1),
-        check_probability("delta", delta),
+        check_probability(delta_name, delta),
     )
 
 
@@ -290,6 +314,14 @@ class _ComposedPLD:
         self._s0 = np.cumsum(probs)[::-1]
         self._s1 = signal.lfilter([1.0], [1.0, -math.exp(-spacing)], probs)[::-1]
         self._probs = probs[::-1]
+
+    def delta(self, eps: np.ndarray) -> np.ndarray:
+        """δ(ε) = ∞-mass + S0_j - e^{ε - ℓ_j} S1_j for ε in (ℓ_{j-1}, ℓ_j] (see :meth:`epsilon`)."""
+        eps = np.asarray(eps, dtype=float)
+        j = np.searchsorted(self._losses, eps)
+        top = np.minimum(j, self._losses.size - 1)
+        inside = self._s0[top] - np.exp(eps - self._losses[top]) * self._s1[top]
+        return self._infinity + np.where(j < self._losses.size, np.maximum(inside, 0.0), 0.0)
 
     def epsilon(self, delta: float) -> float:
         """The smallest ε >= 0 with δ(ε) <= delta, exact for the discrete distribution.

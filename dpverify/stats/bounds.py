@@ -15,6 +15,7 @@ import numpy as np
 from scipy import special
 
 from dpverify._validation import check_int, check_probability, check_real
+from dpverify.stats import mmc
 
 __all__ = [
     "clopper_pearson_epsilon",
@@ -163,19 +164,10 @@ def fdp_epsilon_lower_bound(m, guesses, correct, *, delta, confidence=0.95):
 
     "Auditing f-differential privacy in one run" (arXiv 2410.22235) bounds the chance of ``correct``
     right answers among ``guesses`` guesses on ``m`` canaries under an f-DP mechanism through a
-    recursion on the trade-off function f. With τ = 1 − confidence, start from
-    :math:`r_c = \tau c/m`, :math:`h_c = \tau (c' - c)/m` (``c = correct``, ``c' = guesses``) and for
-    :math:`i = c-1, \dots, 0`
-
-    .. math::
-
-        h_i = \max\{h_{i+1}, \bar f^{-1}(r_{i+1})\}, \qquad
-        r_i = \min\{1, r_{i+1} + \tfrac{i}{c' - i}(h_i - h_{i+1})\},
-
-    where for μ-Gaussian DP :math:`\bar f^{-1}(x) = \Phi(\Phi^{-1}(x) - \mu)`. The claim "μ-GDP" is
-    rejected at level τ when :math:`r_0 + h_0 > c'/m`. Rejection gets harder as μ grows; the largest
-    rejected μ is found by a bracketing search and reported as the ε for which μ-GDP is
-    (ε, ``delta``)-DP, i.e. :math:`\Phi(-\varepsilon/\mu + \mu/2) - e^\varepsilon
+    recursion on the trade-off function f (:mod:`dpverify.stats.mmc`), at τ = 1 − confidence and
+    with :math:`\bar f^{-1}(x) = \Phi(\Phi^{-1}(x) - \mu)` for μ-Gaussian DP. Rejection gets harder
+    as μ grows; the largest rejected μ is found by a bracketing search and reported as the ε for
+    which μ-GDP is (ε, ``delta``)-DP, i.e. :math:`\Phi(-\varepsilon/\mu + \mu/2) - e^\varepsilon
     \Phi(-\varepsilon/\mu - \mu/2) = \delta`.
 
     Assumptions, which differ from :func:`epsilon_lower_bound`:
@@ -194,41 +186,22 @@ def fdp_epsilon_lower_bound(m, guesses, correct, *, delta, confidence=0.95):
     """
     delta, level = _level(delta, confidence)
     m, r, v, shape = _counts(m, guesses, correct)
-    m, r, v = (a.astype(float)[:, None] for a in (m, r, v))
+    return _shaped(_gdp_epsilon(_largest_rejected_mu(m, r, v, level, _MU_MAX), delta), shape)
+
+
+def _largest_rejected_mu(m, r, v, level, upper: float) -> np.ndarray:
+    """Per count, the largest μ in [0, upper] whose Gaussian curve the recursion rejects (to 1e-7)."""
+    m, r, v = (np.asarray(a, dtype=float)[:, None] for a in (m, r, v))
 
     def rejected(mu: np.ndarray) -> np.ndarray:
-        flat = (np.broadcast_to(a, mu.shape).ravel() for a in (m, r, v, mu))
-        return _gdp_rejected(*flat, level).reshape(mu.shape)
+        return mmc.rejected(m, r, v, level, _gdp_inverse, mu).reshape(mu.shape)
 
-    mu = _largest_rejected(rejected, np.full(m.shape[0], _MU_MAX), points=63)
-    return _shaped(_gdp_epsilon(mu, delta), shape)
+    return _largest_rejected(rejected, np.full(m.shape[0], upper), points=63)
 
 
-def _gdp_rejected(m, guesses, correct, mu, level):
-    """Whether the recursion of Mahloujifar et al. rejects μ-GDP, elementwise over flat arrays."""
-    r = level * correct / m
-    h = level * (guesses - correct) / m
-    # Entries whose state stops changing once their recursion has started stay put for good, so
-    # the loop carries only the live ones (``idx``), which keeps null-like counts cheap.
-    idx = np.arange(r.size)
-    live_r, live_h = r.copy(), h.copy()
-    for i in range(int(correct.max(initial=0)) - 1, -1, -1):
-        started = i < correct[idx]
-        blown = special.ndtr(special.ndtri(live_r) - mu[idx])
-        new_h = np.where(started, np.maximum(live_h, blown), live_h)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.where(started, i / (guesses[idx] - i), 0.0)
-        live_r = np.minimum(live_r + step * (new_h - live_h), 1.0)
-        moving = ~started | (new_h != live_h)
-        live_h = new_h
-        if not moving.all():
-            done = ~moving
-            r[idx[done]], h[idx[done]] = live_r[done], live_h[done]
-            idx, live_r, live_h = idx[moving], live_r[moving], live_h[moving]
-            if idx.size == 0:
-                break
-    r[idx], h[idx] = live_r, live_h
-    return r + h > guesses / m
+def _gdp_inverse(x, mu):
+    r""":math:`\bar f^{-1}(x) = f(1 - x) = \Phi(\Phi^{-1}(x) - \mu)` for μ-Gaussian DP."""
+    return special.ndtr(special.ndtri(x) - mu)
 
 
 # -- the Steinke et al. bound ----------------------------------------------------------------------
@@ -269,7 +242,10 @@ def _max_window_mean(r, v, q, q_not, beta):
 
     The mean of the pmf over the window [v-i, v-1] grows with i while the next value to the left
     exceeds it and, the pmf being unimodal (log-concave), falls for good once it does not. So the
-    maximum is at the first i with pmf(v-1-i) <= mean(i), found by bisection over i.
+    maximum is at the first i with pmf(v-1-i) <= mean(i), found by bisection over i. The pmf rises
+    to the left of v-1 down to the mode (pmf(k-1) >= pmf(k) for k >= (r+1)q), so the mean grows at
+    least until i = v - (r+1)q and the bisection starts there: far right of the mode the pmf and the
+    window mass near v underflow to 0, which would otherwise stop the search at α = 0.
     """
     # A window right of the mean is a difference of small upper tails, P[W >= v-i] - β; one left of
     # it a difference of small lower tails, P[W <= v-1] - P[W <= v-1-i], taken as upper tails of
@@ -288,7 +264,8 @@ def _max_window_mean(r, v, q, q_not, beta):
         log_choose = special.gammaln(r + 1) - special.gammaln(k + 1) - special.gammaln(r - k + 1)
         return np.exp(log_choose + k * np.log(q) + (r - k) * np.log(q_not))
 
-    lo, hi = np.ones_like(v), np.maximum(v, 1)
+    hi = np.maximum(v, 1)
+    lo = np.clip(np.floor(v - (r + 1) * q), 1, hi)
     while np.any(lo < hi):
         mid = np.floor((lo + hi) / 2)
         grows = (mid < v) & (pmf(v - 1 - mid) > window_mass(mid) / mid)
@@ -300,9 +277,9 @@ def _max_window_mean(r, v, q, q_not, beta):
 
 
 def _largest_rejected(
-    rejected: Callable[[np.ndarray], np.ndarray], upper: np.ndarray, points: int
+    rejected: Callable[[np.ndarray], np.ndarray], upper: np.ndarray, points: int, tolerance=_TOLERANCE
 ) -> np.ndarray:
-    """Per row, the largest x in [0, upper] with ``rejected`` true on all of [0, x], to within 1e-7.
+    """Per row, the largest x in [0, upper] with ``rejected`` true on all of [0, x], to ``tolerance``.
 
     ``rejected`` maps an (n, k) array of parameters to booleans and should be true below a threshold
     and false above it. Each round evaluates ``points`` grid points inside the bracket and keeps the
@@ -315,7 +292,7 @@ def _largest_rejected(
     hi = np.where(rejected(lo[:, None])[:, 0], upper, 0.0)  # x = 0 not rejected: the bound is 0
     fractions = np.arange(1, points + 2) / (points + 1)  # the last point is ``hi`` itself
     rows = np.arange(lo.size)
-    while np.any(hi - lo > _TOLERANCE):
+    while np.any(hi - lo > tolerance):
         grid = lo[:, None] + (hi - lo)[:, None] * fractions
         ok = rejected(grid)
         first_fail = np.where(ok.all(axis=1), points + 1, np.argmin(ok, axis=1))
@@ -330,8 +307,8 @@ def _gdp_epsilon(mu: np.ndarray, delta: float) -> np.ndarray:
     safe = np.maximum(mu, 1e-300)
 
     def excess(eps):
-        upper, lower = special.ndtr(-eps / safe + safe / 2), special.ndtr(-eps / safe - safe / 2)
-        return upper - np.exp(eps) * lower - delta
+        upper = special.ndtr(-eps / safe + safe / 2)
+        return upper - np.exp(eps + special.log_ndtr(-eps / safe - safe / 2)) - delta  # e^ε Φ(·) in logs
 
     lo = np.zeros_like(mu)
     hi = mu**2 / 2 + mu * special.ndtri(1 - delta)  # here Φ(−ε/μ + μ/2) <= δ already

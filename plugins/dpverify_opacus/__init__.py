@@ -15,7 +15,7 @@ epoch's steps from the dataset (:mod:`dpverify_opacus._dataloader`); B = round(q
 user's constant through :class:`OpacusDataLoaderImplementation`.
 
 ``opacus-lm`` (and ``opacus-lm-no-noise``) train a small causal transformer on token canaries through the
-language-model contract (:mod:`dpverify.audits.language`), with the same engine and the same tweaks.
+language-model contract (:class:`dpverify.contract.SequenceRequest`), with the same engine and the same tweaks.
 
 Importing this package is cheap: torch and opacus are imported inside the implementations' ``train``.
 """
@@ -116,7 +116,7 @@ class OpacusLanguageImplementation(OpacusImplementation):
     """Opacus' PrivacyEngine training the causal transformer of the language-model contract, with an
     optional tweak (a buggy variant) named as in :data:`dpverify_opacus.variants.TWEAKS`."""
 
-    def train(self, request):  # a dpverify.audits.language.SequenceRequest -> SequenceModel
+    def train(self, request):  # a dpverify.contract.SequenceRequest -> SequenceModel
         from dpverify_opacus._language import train_opacus_language
 
         return train_opacus_language(
@@ -126,20 +126,19 @@ class OpacusLanguageImplementation(OpacusImplementation):
 
 def language_implementations() -> list[OpacusLanguageImplementation]:
     """Opacus on the language-model contract, and its no-noise variant (bugs.md row 1)."""
-    info = dict(library="opacus", requires=_REQUIRES, extra="opacus", task="language")
     return [
         OpacusLanguageImplementation(
-            ImplementationInfo(name="opacus-lm", notes="PrivacyEngine.make_private on a causal transformer", **info)
+            _info("opacus-lm", task="language", notes="PrivacyEngine.make_private on a causal transformer")
         ),
         OpacusLanguageImplementation(
-            ImplementationInfo(
-                name="opacus-lm-no-noise",
+            _info(
+                "opacus-lm-no-noise",
+                task="language",
                 expected="violation",
                 breaks="noise N(0, σ²C²) must be added to the clipped sum at every step; this step adds none",
                 bug=1,
                 detectability="D1",
                 notes="DPOptimizer.add_noise runs with noise_multiplier 0 (restored before the accountant reads it)",
-                **info,
             ),
             tweak="scaled_noise",
             tweak_args={"scale": 0.0},
@@ -147,9 +146,13 @@ def language_implementations() -> list[OpacusLanguageImplementation]:
     ]
 
 
+def _info(name: str, **fields: Any) -> ImplementationInfo:
+    """An implementation of this package: the library, its imports and the extra to install are Opacus'."""
+    return ImplementationInfo(name=name, library="opacus", requires=_REQUIRES, extra="opacus", **fields)
+
+
 def _correct(name: str, mode: str, notes: str) -> OpacusImplementation:
-    info = ImplementationInfo(name=name, library="opacus", requires=_REQUIRES, extra="opacus", notes=notes)
-    return OpacusImplementation(info, grad_sample_mode=mode)
+    return OpacusImplementation(_info(name, notes=notes), grad_sample_mode=mode)
 
 
 @dataclass(frozen=True)
@@ -165,11 +168,8 @@ class VariantSpec:
     tweak_args: Mapping[str, Any] = field(default_factory=dict)
 
     def build(self) -> OpacusImplementation:
-        info = ImplementationInfo(
-            name=self.name,
-            library="opacus",
-            requires=_REQUIRES,
-            extra="opacus",
+        info = _info(
+            self.name,
             expected="violation",
             breaks=self.breaks,
             bug=self.bug,
@@ -317,11 +317,8 @@ def noise_scaled(k: float) -> OpacusImplementation:
     correct library."""
     if not k >= 1:
         raise ValueError(f"k must be >= 1, got {k!r}")
-    info = ImplementationInfo(
-        name=f"opacus-noise-div-{k:g}",
-        library="opacus",
-        requires=_REQUIRES,
-        extra="opacus",
+    info = _info(
+        f"opacus-noise-div-{k:g}",
         expected="violation" if k > 1 else "private",
         breaks=f"the noise on the clipped sum must have std σ·C; here it is σ·C/{k:g}" if k > 1 else None,
         detectability=("D1" if k >= 10 else "D2" if k >= 2 else "D3") if k > 1 else None,

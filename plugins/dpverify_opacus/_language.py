@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dpverify.audits.language import SequenceModel, SequenceRequest, TransformerArchitecture
+from dpverify.contract import SequenceModel, SequenceRequest, TransformerArchitecture
 from dpverify_opacus._training import OpacusRun, Task, Tweak, build_run, mix_into, run_steps, trained_module
 
 IGNORED_TARGET = -100  # nn.CrossEntropyLoss' default ignore_index: prefix positions add nothing to the loss

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest

@@ -1,0 +1,118 @@
+"""Steinke bound against the one-run curve test with a perfect attacker, at full batch (q = 1).
+
+Each canary's score is the likelihood-ratio statistic of the claimed mechanism, μ·b + N(0, 1) with
+b ~ Bernoulli(½) (as ../shared/limits/one_run_limit.py): no DP-SGD run gives an auditor more per
+canary under a correct claim. μ is the GDP μ whose ε at δ = 1e-5 is the claim; a noise deficit k
+(noise / k) scores with k·μ. Guesses: the lead's grid (fractions 0.01 … 1 of m, two-sided),
+Bonferroni over its 7 counts at 95 %. Reported: the median ε_L over seeds of the Steinke bound
+(max over the grid) and of the curve test (ε at δ of the weakest refuted GDP member), and how
+often each catches the claim (ε_L above it, resp. the claimed curve refuted).
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/curves.py
+
+It prints a markdown table and writes it to benchmarks/results/curves.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import optimize
+
+from dpverify.stats.bounds import epsilon_lower_bound
+from dpverify.stats.curves import ClaimedRun, curve_refutes, curve_test
+from dpverify.stats.scoring import GuessRule
+
+DELTA = 1e-5
+CONFIDENCE = 0.95
+SEEDS = 20
+OUTPUT = Path(__file__).parent / "results" / "curves.md"
+CLAIMS = (1.0, 2.0, 4.0, 8.0)
+DEFICITS = (1.5, 2.0, 3.0)
+SIZES = (1000, 10_000)
+RULE = GuessRule()
+LEVEL_CONFIDENCE = RULE.corrected_confidence(CONFIDENCE)
+
+
+def mu_for(epsilon: float) -> float:
+    """The GDP μ whose ε at DELTA is ``epsilon``: the full-batch claim with σ = 1/μ, T = 1."""
+    return optimize.brentq(lambda mu: ClaimedRun(noise_multiplier=1 / mu, steps=1).epsilon(DELTA) - epsilon, 1e-3, 50)
+
+
+def audit(mu_true: float, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+    """One audit's guess counts, correct counts and Steinke ε_L (max over the grid)."""
+    members = rng.random(m) < 0.5
+    ranked = members[np.argsort(-(mu_true * members + rng.standard_normal(m)))]
+    counts = RULE.counts(m)
+    correct = np.array([ranked[: (k + 1) // 2].sum() + (~ranked[m - k // 2 :]).sum() for k in counts])
+    steinke = float(np.max(epsilon_lower_bound(m, counts, correct, delta=DELTA, confidence=LEVEL_CONFIDENCE)))
+    return counts, correct, steinke
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    started = time.perf_counter()
+    curve_seconds: list[float] = []
+    header = (
+        "| m | claimed ε | μ | median ε_L Steinke | median ε_L curve | "
+        + " | ".join(f"caught k={k} Steinke / curve" for k in DEFICITS)
+        + " |"
+    )
+    lines = [header, "|" + "---:|" * (5 + len(DEFICITS))]
+    for m in SIZES:
+        for epsilon in CLAIMS:
+            mu = mu_for(epsilon)
+            claim = ClaimedRun(noise_multiplier=1 / mu, steps=1)
+            null = []
+            for _ in range(SEEDS):
+                counts, correct, steinke = audit(mu, m, rng)
+                tic = time.perf_counter()
+                result = curve_test(m, counts, correct, claim=claim, delta=DELTA, confidence=LEVEL_CONFIDENCE)
+                curve_seconds.append(time.perf_counter() - tic)
+                null.append((steinke, result.epsilon))
+            null = np.array(null)
+            cells = []
+            for k in DEFICITS:
+                runs = [audit(k * mu, m, rng) for _ in range(SEEDS)]
+                steinke_caught = np.mean([steinke > epsilon for _, _, steinke in runs])
+                curve_caught = np.mean(
+                    [np.any(curve_refutes(m, n, c, curve=claim.curve(), confidence=LEVEL_CONFIDENCE)) for n, c, _ in runs]
+                )
+                cells.append(f"{steinke_caught:.2f} / {curve_caught:.2f}")
+            row = f"| {m} | {epsilon:g} | {mu:.3f} | {np.median(null[:, 0]):.2f} | {np.median(null[:, 1]):.2f} | "
+            lines.append(row + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    seconds = time.perf_counter() - started
+    report = "\n".join(
+        [
+            "# One-run Steinke bound vs curve test, perfect attacker at full batch",
+            "",
+            f"- device: 2-core CPU shared with other sessions (no GPU); {platform.machine()}, {os.cpu_count()} logical cores",
+            f"- date: {datetime.date.today().isoformat()}",
+            f"- Python {sys.version.split()[0]}, numpy {np.__version__}",
+            "- command: `.venv/bin/python benchmarks/curves.py`",
+            f"- {SEEDS} seeds per cell; δ = {DELTA:g}, 95 % confidence, Bonferroni over the 7-count grid; "
+            f"total {seconds:.0f} s; one curve_test (7 counts, with the family search and tail bounds) "
+            f"median {np.median(curve_seconds):.2f} s",
+            "- scores μ·b + N(0, 1) (members b = 1); ε_L columns at the claim itself (k = 1); 'caught' = fraction "
+            "of seeds where Steinke's ε_L exceeds the claimed ε / the claimed GDP curve is refuted, with scores "
+            "from k·μ (noise divided by k)",
+            "",
+            *lines,
+            "",
+        ]
+    )
+    OUTPUT.write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

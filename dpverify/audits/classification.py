@@ -1,0 +1,74 @@
+"""The data-independent classification audit (UniAud, Algorithms 1 and 2): synthetic canaries, one
+training run of the designated MLP, self-comparison scores.
+
+``inclusion`` keeps each canary in the training set with probability ½ (bits drawn before training) and
+tests the add/remove ε; ``pair`` trains on every canary, draws the bits afterwards and presents the trained
+or the fresh label (Algorithm 2), testing replace-one ε.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from dpverify.audits.steps import (
+    AuditClock,
+    Progress,
+    audit_streams,
+    audit_through_contract,
+    membership_after_training,
+    membership_before_training,
+    present_pair,
+    query_black_box,
+    resolve_device,
+)
+from dpverify.canaries.synthetic import make_canaries
+from dpverify.config import AuditConfig
+from dpverify.contract import Implementation, TrainedModel, TrainingRequest
+from dpverify.results import AuditResult
+from dpverify.stats.scoring import loss_scores, mean_comparison_scores, self_comparison_scores
+
+
+def run_classification_audit(
+    implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None
+) -> AuditResult:
+    """Audit a classifier ``implementation`` once on synthetic canaries; never raises for its failures.
+
+    Seeds: one :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the
+    membership bits' and the trainer's streams, so the same seed repeats the whole audit on the same device.
+    """
+    say = progress or (lambda message: None)
+    clock = AuditClock(time.perf_counter())
+    device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
+    auditor_started = time.perf_counter()
+    canary_rng, membership_rng, training_seed = audit_streams(config.seed)
+    canaries = make_canaries(config.canaries, rng=canary_rng)
+    m = canaries.m
+    drawn_before, trained_on = membership_before_training(config.relation, membership_rng, m)
+    request = TrainingRequest(
+        features=canaries.features[trained_on],
+        labels=canaries.labels[trained_on],
+        num_classes=canaries.num_classes,
+        architecture=config.architecture,
+        hyperparameters=config.hyperparameters,
+        seed=training_seed,
+        device=device,
+    )
+    clock.auditor_seconds = time.perf_counter() - auditor_started
+
+    def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, None]:
+        log_probs = query_black_box(trained, canaries.features, expected_shape=(m, canaries.num_classes))
+        membership = membership_after_training(drawn_before, membership_rng, m)
+        if drawn_before is None:
+            shown, other = present_pair(membership, canaries.labels, canaries.comparison_labels)
+        else:
+            shown, other = canaries.labels, canaries.comparison_labels
+        if config.score_kind == "self_comparison":
+            return self_comparison_scores(log_probs, shown, other), membership, None
+        if config.score_kind == "mean_comparison":
+            return mean_comparison_scores(log_probs, shown), membership, None
+        return loss_scores(log_probs, shown), membership, None
+
+    say(f"training {implementation.info.name} on {request.num_records} of {m} canaries ({device})")
+    return audit_through_contract(implementation, config, request, score, m=m, clock=clock, say=say)

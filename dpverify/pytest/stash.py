@@ -1,0 +1,14 @@
+"""Where the plugin keeps its state on pytest objects, and the report property results travel in (so the
+summary also works under pytest-xdist, whose controller sees only reports)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpverify.session import AuditSession
+
+#: Name of the user property that carries one audit's JSON on a test report.
+RESULT_PROPERTY = "dp_audit_result"
+SESSION_KEY = pytest.StashKey[AuditSession]()
+#: How many audits the session's plan counted for an item: the budget its audits are held to.
+PLANNED_KEY = pytest.StashKey[int]()

@@ -1,0 +1,351 @@
+r"""Trade-off curves of DP-SGD claims, and the one-run test of a claim's whole curve.
+
+A claim that carries (σ, q, T) asserts more than one (ε, δ): the composed mechanism is f-DP for its
+trade-off curve f, where f(α) is the least type II error of any test of "the canary was in" at
+type I error α (Dong, Roth & Su 2022). Refuting f can catch a noise deficit that the (ε, δ) bound
+of Steinke et al. misses (design rule 9). Every curve here is symmetric (f = f⁻¹), so it bounds
+both a "member" and a "non-member" guess, and pessimistic (never above the true curve):
+
+* q = 1: exact μ-GDP, :math:`f_\mu(\alpha) = \Phi(\Phi^{-1}(1-\alpha) - \mu)`, with μ = √T/σ for
+  add/remove (sensitivity C against noise σC) and μ = 2√T/σ for replace-one (a swap moves the sum
+  by up to 2C);
+* q < 1: the envelope implied by the composed Poisson-subsampled Gaussian's privacy profile δ(ε)
+  from the PLD accountant, both directions,
+  :math:`f(\alpha) = \sup_\varepsilon \max\{0, 1 - \delta(\varepsilon) - e^\varepsilon\alpha,
+  e^{-\varepsilon}(1 - \delta(\varepsilon) - \alpha)\}` (Dong, Roth & Su 2022, Prop. 2.12), valid
+  because δ(ε) is an upper bound; a finite grid of ε only lowers it;
+* σ = 0: f ≡ 0, no privacy, nothing to refute.
+
+:func:`curve_test` decides a claim with the recursion of :mod:`dpverify.stats.mmc` and reports the
+outcome as an ε at the claim's δ: that of the weakest member of the claim's family (same q, T and
+relation, any σ) that the counts still refute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from scipy import special
+
+from dpverify._validation import check_choice, check_int, check_probability, check_real
+from dpverify.stats import accounting, mmc
+from dpverify.stats.bounds import (
+    _counts,
+    _gdp_epsilon,
+    _gdp_inverse,
+    _largest_rejected,
+    _largest_rejected_mu,
+    _level,
+)
+
+__all__ = [
+    "ClaimedRun",
+    "CurveTest",
+    "GaussianCurve",
+    "ProfileCurve",
+    "TradeOffCurve",
+    "TrivialCurve",
+    "curve_refutes",
+    "curve_test",
+]
+
+Relation = Literal["add_remove", "replace_one"]
+
+# Smallest tail probability the p-value search resolves (as -log10), and its precision there.
+_TAIL_DECADES = 30.0
+_TAIL_TOLERANCE = 1e-3
+# The search over the family's noise multiplier: at most this factor from the claim's σ, and to
+# this relative precision.
+_SIGMA_SPAN = 64.0
+_SIGMA_TOLERANCE = 2e-3
+# μ searched at q = 1 (μ = 64 is ε in the thousands) unless the claim's own μ is larger.
+_MU_MAX = 64.0
+
+
+class TradeOffCurve:
+    """A symmetric trade-off function f on [0, 1]: f(α) is the least type II error at type I error α."""
+
+    def __call__(self, alpha) -> np.ndarray:
+        raise NotImplementedError
+
+    def inverse_complement(self, x, param=None) -> np.ndarray:
+        r""":math:`\bar f^{-1}(x) = f(1 - x)` for a symmetric f, as :func:`mmc.rejected` needs it."""
+        return self(1.0 - np.asarray(x, dtype=float))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GaussianCurve(TradeOffCurve):
+    """μ-GDP: f(α) = Φ(Φ⁻¹(1 − α) − μ), the curve of N(0, 1) against N(μ, 1)."""
+
+    mu: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mu", check_real("mu", self.mu, low=0.0))
+
+    def __call__(self, alpha) -> np.ndarray:
+        return special.ndtr(-special.ndtri(np.asarray(alpha, dtype=float)) - self.mu)
+
+    def inverse_complement(self, x, param=None) -> np.ndarray:
+        """Φ(Φ⁻¹(x) − μ), which keeps its precision for tiny x where f(1 − x) would not."""
+        return _gdp_inverse(x, self.mu)
+
+
+@dataclass(frozen=True)
+class TrivialCurve(TradeOffCurve):
+    """f ≡ 0: a mechanism without privacy; no outcome refutes it."""
+
+    def __call__(self, alpha) -> np.ndarray:
+        return np.zeros_like(np.asarray(alpha, dtype=float))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ProfileCurve(TradeOffCurve):
+    r"""The curve implied by a privacy profile: sup over the grid of f_{ε, δ(ε)}, both directions.
+
+    Each grid point gives the lines :math:`1 - \delta - e^\varepsilon\alpha` and
+    :math:`e^{-\varepsilon}(1 - \delta - \alpha)`; their upper envelope with 0 is convex and
+    piecewise linear, so it is stored by its vertices and evaluated exactly by interpolation.
+    ``deltas`` must bound δ(ε) of the pair in both orders, which makes the curve symmetric.
+    """
+
+    epsilons: np.ndarray
+    deltas: np.ndarray
+    vertices: tuple[np.ndarray, np.ndarray] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        eps = np.asarray(self.epsilons, dtype=float)
+        deltas = np.asarray(self.deltas, dtype=float)
+        if eps.ndim != 1 or eps.shape != deltas.shape or eps.size == 0:
+            raise ValueError(f"epsilons and deltas must be 1-d of one length, got {eps.shape}, {deltas.shape}")
+        if np.any(~np.isfinite(eps) | (eps < 0)) or np.any(~(deltas >= 0) | (deltas > 1)):
+            raise ValueError("epsilons must be finite and >= 0 and deltas in [0, 1]")
+        one = 1.0 - deltas
+        intercepts = np.concatenate([one, np.exp(-eps) * one, [0.0]])
+        slopes = np.concatenate([np.exp(eps), np.exp(-eps), [0.0]])
+        object.__setattr__(self, "vertices", _upper_envelope(intercepts, slopes))
+
+    def __call__(self, alpha) -> np.ndarray:
+        return np.interp(alpha, *self.vertices)
+
+
+def _upper_envelope(intercepts: np.ndarray, slopes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices on [0, 1] of max_k (a_k − b_k x) for lines with b_k >= 0 (convex hull trick)."""
+    order = np.lexsort((-intercepts, -slopes))  # steepest first; of equal slopes the highest first
+    hull: list[int] = []
+    for k in order:
+        if hull and slopes[hull[-1]] == slopes[k]:
+            continue
+        while len(hull) >= 2:
+            i, j = hull[-2], hull[-1]
+            # j is useless when the steeper i meets k no later than it meets j.
+            if (intercepts[i] - intercepts[k]) * (slopes[i] - slopes[j]) <= (
+                intercepts[i] - intercepts[j]
+            ) * (slopes[i] - slopes[k]):
+                hull.pop()
+            else:
+                break
+        hull.append(k)
+    a, b = intercepts[hull], slopes[hull]
+    kinks = (a[:-1] - a[1:]) / (b[:-1] - b[1:])
+    xs = np.unique(np.concatenate([[0.0, 1.0], kinks[(kinks > 0) & (kinks < 1)]]))
+    return xs, np.max(a[:, None] - b[:, None] * xs, axis=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimedRun:
+    """What a DP-SGD claim asserts: noise σ (in clip norms), Poisson rate q, T steps, the relation.
+
+    A family indexed by σ at fixed (q, T, relation): less noise is a weaker claim, with a lower
+    curve and a larger ε at every δ.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float = 1.0
+    steps: int
+    relation: Relation = "add_remove"
+
+    def __post_init__(self) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("noise_multiplier", check_real("noise_multiplier", self.noise_multiplier, low=0.0))
+        set_("sampling_rate", check_real("sampling_rate", self.sampling_rate, low=0.0, high=1.0, low_open=True))
+        set_("steps", check_int("steps", self.steps, low=1))
+        set_("relation", check_choice("relation", self.relation, accounting.RELATIONS))
+
+    @property
+    def mu(self) -> float | None:
+        """The exact GDP μ at full batch (∞ without noise); None when q < 1."""
+        if self.sampling_rate < 1:
+            return None
+        scale = 2.0 if self.relation == "replace_one" else 1.0
+        return math.inf if self.noise_multiplier == 0 else scale * math.sqrt(self.steps) / self.noise_multiplier
+
+    def curve(self) -> TradeOffCurve:
+        """The claim's trade-off curve, computed once per claim (see the module docstring)."""
+        return _curve(self)
+
+    def epsilon(self, delta) -> float:
+        """ε at ``delta``: exact for GDP (q = 1), the PLD accountant's otherwise; ∞ without noise."""
+        delta = check_probability("delta", delta)
+        if self.noise_multiplier == 0:
+            return math.inf
+        if self.mu is not None:
+            return float(_gdp_epsilon(np.array(self.mu), delta))
+        account = (
+            accounting.add_remove_epsilon if self.relation == "add_remove" else accounting.replace_one_epsilon
+        )
+        return account(
+            noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate, steps=self.steps, delta=delta
+        )
+
+    def with_noise(self, noise_multiplier: float) -> ClaimedRun:
+        """The member of the same family with another noise multiplier."""
+        return dataclasses.replace(self, noise_multiplier=noise_multiplier)
+
+
+@functools.lru_cache(maxsize=128)
+def _curve(claim: ClaimedRun) -> TradeOffCurve:
+    if claim.noise_multiplier == 0:
+        return TrivialCurve()
+    if claim.mu is not None:
+        return GaussianCurve(mu=claim.mu)
+    epsilons, deltas = accounting.privacy_profile(
+        noise_multiplier=claim.noise_multiplier,
+        sampling_rate=claim.sampling_rate,
+        steps=claim.steps,
+        relation=claim.relation,
+    )
+    return ProfileCurve(epsilons=epsilons, deltas=deltas)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class CurveTest:
+    """Outcome of :func:`curve_test`.
+
+    ``refuted`` holds exactly when ``epsilon >= claimed_epsilon``: ``epsilon`` is the ε at ``delta``
+    of the weakest refuted member of the claim's family (0 when no member within reach is
+    refuted), ``noise_multiplier`` its σ (∞ then) and ``mu`` its GDP μ at q = 1. ``tail_bounds``
+    holds, per guess count, an upper bound on P[at least that many correct] under the claimed
+    curve; ``p_value`` is the smallest of them, to compare with the per-count level.
+    """
+
+    refuted: bool
+    p_value: float
+    tail_bounds: np.ndarray
+    epsilon: float
+    noise_multiplier: float
+    mu: float | None
+    claimed_epsilon: float
+    delta: float
+    confidence: float
+
+
+def curve_test(m, guesses, correct, *, claim: ClaimedRun, delta, confidence=0.95) -> CurveTest:
+    """Test "the run is f-DP for the claim's curve" on one-run counts, at level 1 − ``confidence``.
+
+    ``guesses`` and ``correct`` may be arrays (a grid of guess counts, broadcast with ``m``); the
+    claim is refuted when any count refutes it, so ``confidence`` must already be corrected for the
+    grid (Bonferroni). The weakest refuted member is found by bisection: over μ (vectorised, exact
+    GDP) at q = 1, over log σ with one PLD curve per step otherwise (seconds, not milliseconds).
+    """
+    if not isinstance(claim, ClaimedRun):
+        raise ValueError(f"claim must be a ClaimedRun, got {claim!r}")
+    delta, level = _level(delta, confidence)
+    m, r, v, _ = _counts(m, guesses, correct)
+    refuted = _refutes(claim, m, r, v, level)
+    if claim.mu is not None:
+        upper = max(_MU_MAX, 2 * claim.mu) if math.isfinite(claim.mu) else _MU_MAX
+        mu = float(np.max(_largest_rejected_mu(m, r, v, level, upper)))
+        mu = max(mu, claim.mu) if refuted else mu  # the claim itself is a refuted member
+        sigma = math.inf if mu == 0 else _full_batch_sigma(claim, mu)
+        epsilon = float(_gdp_epsilon(np.array(mu), delta))
+    else:
+        mu = None
+        sigma = _weakest_refuted_sigma(claim, m, r, v, level, refuted)
+        epsilon = 0.0 if math.isinf(sigma) else claim.with_noise(sigma).epsilon(delta)
+    tails = _tail_bounds(claim.curve(), m, r, v)
+    return CurveTest(
+        refuted=refuted,
+        p_value=float(np.min(tails)),
+        tail_bounds=tails,
+        epsilon=epsilon,
+        noise_multiplier=sigma,
+        mu=mu,
+        claimed_epsilon=claim.epsilon(delta),
+        delta=delta,
+        confidence=confidence,
+    )
+
+
+def _full_batch_sigma(claim: ClaimedRun, mu: float) -> float:
+    """σ of the full-batch member with GDP parameter μ (μ = √T/σ, twice that for replace-one)."""
+    scale = 2.0 if claim.relation == "replace_one" else 1.0
+    return scale * math.sqrt(claim.steps) / mu
+
+
+def curve_refutes(m, guesses, correct, *, curve: TradeOffCurve, confidence=0.95):
+    """Per count, whether the counts refute "f-DP for ``curve``" at level 1 − ``confidence``.
+
+    The decision of :func:`curve_test` without the search over the family: arrays broadcast, and a
+    bool (or bool array) comes back. Costs one recursion, O(correct) vectorised steps.
+    """
+    if not isinstance(curve, TradeOffCurve):
+        raise ValueError(f"curve must be a TradeOffCurve, got {curve!r}")
+    level = 1.0 - check_probability("confidence", confidence)
+    m, r, v, shape = _counts(m, guesses, correct)
+    refuted = mmc.rejected(m, r, v, level, curve.inverse_complement)
+    return bool(refuted[0]) if shape is None else refuted.reshape(shape)
+
+
+def _refutes(claim: ClaimedRun, m, r, v, level) -> bool:
+    return bool(np.any(mmc.rejected(m, r, v, level, claim.curve().inverse_complement)))
+
+
+def _weakest_refuted_sigma(claim: ClaimedRun, m, r, v, level, refuted: bool) -> float:
+    """The least σ whose member any count refutes, by bisection in log σ from the claim's σ.
+
+    Starts at the claim (σ = 1 for a claim without noise), halves or doubles σ, within a factor
+    _SIGMA_SPAN of the start, to bracket the crossing, then bisects to _SIGMA_TOLERANCE and returns
+    the refuted end;
+    ∞ when even the strongest member within reach is not refuted. When the weakest member within
+    reach is still refuted it is returned: a smaller ε than the true crossing, never a larger one.
+    """
+    start = claim.noise_multiplier or 1.0
+
+    def refutes(sigma: float) -> bool:
+        return _refutes(claim.with_noise(sigma), m, r, v, level)
+
+    if refuted if claim.noise_multiplier > 0 else refutes(start):
+        hi, lo = start, start / 2  # hi refuted; halve until lo is not
+        while refutes(lo):
+            if lo < start / _SIGMA_SPAN:
+                return lo
+            hi, lo = lo, lo / 2
+    else:
+        lo, hi = start, 2 * start  # lo not refuted; double until hi is
+        while not refutes(hi):
+            if hi > start * _SIGMA_SPAN:
+                return math.inf
+            lo, hi = hi, 2 * hi
+    while hi / lo > 1 + _SIGMA_TOLERANCE:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if refutes(mid) else (mid, hi)
+    return hi
+
+
+def _tail_bounds(curve: TradeOffCurve, m, r, v) -> np.ndarray:
+    """Per count, the least τ (from above, to 0.2 %) at which the recursion rejects; 1 when none.
+
+    Rejection is monotone in τ, so τ = 10^-x is searched as the largest x in [0, 30] rejected.
+    """
+    m, r, v = (a[:, None] for a in (m, r, v))
+
+    def rejected(x: np.ndarray) -> np.ndarray:
+        return mmc.rejected(m, r, v, 10.0**-x, curve.inverse_complement).reshape(x.shape)
+
+    x = _largest_rejected(rejected, np.full(m.shape[0], _TAIL_DECADES), points=31, tolerance=_TAIL_TOLERANCE)
+    return 10.0**-x

@@ -1,0 +1,59 @@
+"""The README's examples run as written: its Python blocks as a user's conftest and test file (with a
+``mylib`` whose DP code is the bundled reference DP-SGD), and its `dpverify` command lines."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
+COMMANDS = [line.strip() for line in README.splitlines() if line.strip().startswith("dpverify audit ")]
+
+MYLIB = '''
+from types import SimpleNamespace
+
+from dpverify_reference.dpsgd import train_reference
+
+_epsilons = {}
+
+
+def my_train(request):
+    trained = train_reference(request, name="my-dpsgd")
+    _epsilons[trained.claim.noise_multiplier] = trained.claim.epsilon
+    return SimpleNamespace(log_proba=trained.predict_log_proba), trained.claim.noise_multiplier
+
+
+def my_accountant(sigma):
+    return _epsilons[sigma]
+'''
+
+
+def test_the_readme_has_the_examples_this_file_runs():
+    assert len(PYTHON_BLOCKS) == 2 and PYTHON_BLOCKS[0].startswith("# conftest.py")
+    assert COMMANDS
+
+
+@pytest.mark.slow
+def test_the_conftest_and_test_examples_run_as_written(pytester):
+    pytest.importorskip("torch")
+    pytester.makepyfile(mylib=MYLIB)
+    pytester.makeconftest(PYTHON_BLOCKS[0])
+    pytester.makepyfile(test_mine=PYTHON_BLOCKS[1])
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-seed=0", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_every_registered[[]my-dpsgd[]] PASSED*", "*dp-audit[[]my-dpsgd[]] PASSED*"])
+    assert "UserWarning" not in result.stdout.str()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_command_lines_run_as_written(command):
+    pytest.importorskip("opacus")
+    argv = shlex.split(command)
+    entry = "import sys; from dpverify.cli import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", entry, *argv[1:]], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
