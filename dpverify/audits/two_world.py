@@ -1,0 +1,246 @@
+"""The two-world (many-run) audit: train R times on D and R times on D′, score each black box, bound ε.
+
+Unlike the one-run designs, which plant many canaries in one training run, this audit repeats training
+(Jagielski et al. 2020; Nasr et al. 2021, 2023) on two crafted neighbouring datasets
+(:mod:`dpverify.canaries.worlds`) and tests the scores with :func:`dpverify.stats.two_world.two_world_bound`.
+It needs many runs, so it suits small models; in exchange it sees what one run cannot: a mechanism that
+reveals the dataset's size (Opacus #571), or the whole trade-off curve near its tightest point.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from dpverify._validation import check_int, check_probability
+from dpverify.audits.steps import (
+    AuditFailure,
+    claimed_epsilon,
+    query_black_box,
+    resolve_device,
+    train_through_contract,
+)
+from dpverify.canaries.worlds import TwoWorlds
+from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture, PrivacyClaim, TrainingRequest
+from dpverify.stats.two_world import (
+    TradeOffCurve,
+    TwoWorldBound,
+    curve_refutable,
+    gdp_curve,
+    runs_needed,
+    two_world_bound,
+    two_world_ceiling,
+)
+
+__all__ = ["TwoWorldResult", "full_batch_gdp_curve", "full_batch_gdp_mu", "run_two_world_audit"]
+
+Progress = Callable[[str], None]
+#: Maps a claim and the world's relation to the trade-off curve β(α) the claim asserts, or ``None``.
+CurveForClaim = Callable[[PrivacyClaim, str], "TradeOffCurve | None"]
+
+
+def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
+    """The exact GDP μ a full-batch claim asserts: √steps/σ (add/remove; sensitivity C against noise σC),
+    2√steps/σ (replace-one: sensitivity 2C); ``None`` when q < 1 or σ = 0 (no GDP curve; design rule 9)."""
+    if claim.sampling_rate < 1.0 or claim.noise_multiplier <= 0.0:
+        return None
+    return (2.0 if relation == "replace_one" else 1.0) * math.sqrt(claim.steps) / claim.noise_multiplier
+
+
+def full_batch_gdp_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve | None:
+    """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts."""
+    mu = full_batch_gdp_mu(claim, relation)
+    return None if mu is None else gdp_curve(mu)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class TwoWorldResult:
+    """The outcome of one two-world audit.
+
+    ``claimed_epsilon`` is the larger of the claims made in D and in D′ (``claimed_epsilon_d``,
+    ``claimed_epsilon_dprime``; an implementation whose accountant reads the dataset may claim different ε
+    in the two worlds, and each claim asserts the pair), in the world's ``relation``. ``claimed_mu`` is the
+    GDP μ full-batch claims assert (the larger of the two; ``None`` for q < 1), for the report. Verdict:
+    ``violation`` when the (ε, δ) test's ε_L exceeds ``claimed_epsilon`` or the curve test refutes the
+    claimed curve (the pointwise lower of the two worlds'; the two tests share ``confidence``);
+    ``undecided`` when the runs' ceilings could not refute the claim however the
+    scores fell (``runs_needed`` per world would); ``error`` when a run failed; else ``pass``.
+    """
+
+    implementation: str
+    world: str
+    relation: str
+    runs: int
+    seed: int
+    device: str
+    confidence: float
+    delta: float
+    claimed_epsilon: float
+    claimed_epsilon_d: float
+    claimed_epsilon_dprime: float
+    claim_derivation: str
+    claimed_mu: float | None
+    epsilon_ceiling: float
+    mu_ceiling: float
+    runs_needed: int | None
+    bound: TwoWorldBound | None
+    verdict: str
+    seconds: float
+    scores_d: tuple[float, ...] = ()
+    scores_dprime: tuple[float, ...] = ()
+    error: str | None = None
+
+    @property
+    def epsilon_lower_bound(self) -> float:
+        return self.bound.epsilon_lower_bound if self.bound is not None else 0.0
+
+    @property
+    def seconds_per_run(self) -> float:
+        done = len(self.scores_d) + len(self.scores_dprime)
+        return self.seconds / done if done else math.nan
+
+
+def run_two_world_audit(
+    implementation: Implementation,
+    *,
+    world: TwoWorlds,
+    runs: int,
+    hyperparameters: DPHyperparameters,
+    architecture: MLPArchitecture = MLPArchitecture(hidden_width=16),
+    confidence: float = 0.95,
+    seed: int = 0,
+    device: str = "cpu",
+    curve_for_claim: CurveForClaim | None = full_batch_gdp_curve,
+    progress: Progress | None = None,
+) -> TwoWorldResult:
+    """Train ``implementation`` ``runs`` times on each of ``world``'s datasets through the contract, score
+    each black box with the world's score and decide the verdict; never raises for a failing implementation.
+
+    Runs alternate D, D′ so that drift in the machine affects both worlds alike; the trainer's seeds come
+    from one :class:`numpy.random.SeedSequence` of ``seed``, fresh for every run. The ceilings are computed
+    before training; a target ε at or above the (ε, δ) ceiling ends the audit as ``undecided`` without
+    training when no curve test can apply. ``curve_for_claim`` gives the trade-off curve a claim asserts
+    (the default only for full batches, where GDP is exact; ``None``: no curve test); plug in another to
+    test a curve for q < 1.
+    """
+    runs = check_int("runs", runs, low=2)
+    check_probability("confidence", confidence)
+    delta = hyperparameters.delta
+    say = progress or (lambda message: None)
+    started = time.perf_counter()
+    device = resolve_device(device)
+    eps_ceiling, mu_ceiling = two_world_ceiling(runs, delta=delta, confidence=confidence)
+    common = dict(
+        implementation=implementation.info.name,
+        world=world.name,
+        relation=world.relation,
+        runs=runs,
+        seed=seed,
+        device=device,
+        confidence=confidence,
+        delta=delta,
+        epsilon_ceiling=eps_ceiling,
+        mu_ceiling=mu_ceiling,
+    )
+    say(f"{runs} runs per world can refute at most ε = {eps_ceiling:.3f} (or GDP μ = {mu_ceiling:.3f})")
+    target = hyperparameters.target_epsilon
+    subsampled = hyperparameters.sampling_rate < 1
+    no_curve = curve_for_claim is None or (curve_for_claim is full_batch_gdp_curve and subsampled)
+    if target is not None and target >= eps_ceiling and no_curve:
+        return TwoWorldResult(
+            **common,
+            claimed_epsilon=target,
+            claimed_epsilon_d=target,
+            claimed_epsilon_dprime=target,
+            claim_derivation="the requested target ε (not trained)",
+            claimed_mu=None,
+            runs_needed=runs_needed(target, delta=delta, confidence=confidence),
+            bound=None,
+            verdict="undecided",
+            seconds=time.perf_counter() - started,
+        )
+
+    seeds = np.random.SeedSequence(seed).generate_state(2 * runs, dtype=np.uint32) % 2**31
+    scores: dict[str, list[float]] = {"d": [], "dprime": []}
+    claims: dict[str, set] = {"d": set(), "dprime": set()}
+    curves: list[TradeOffCurve | None] = []
+    mus: list[float | None] = []
+    converted: dict[tuple, tuple[float, str]] = {}
+    try:
+        for i in range(runs):
+            for which, run_seed in (("d", seeds[2 * i]), ("dprime", seeds[2 * i + 1])):
+                features, labels = world.dataset(which)
+                request = TrainingRequest(
+                    features=features,
+                    labels=labels,
+                    num_classes=world.num_classes,
+                    architecture=architecture,
+                    hyperparameters=hyperparameters,
+                    seed=int(run_seed),
+                    device=device,
+                )
+                trained = train_through_contract(implementation, request)
+                shape = (len(world.probes), world.num_classes)
+                log_probs = query_black_box(trained, world.probes, expected_shape=shape)
+                scores[which].append(world.score_log_probs(log_probs))
+                claim = trained.claim
+                key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
+                       claim.relation)  # fmt: skip
+                if key not in converted:  # converting a claim may run an accountant: once per distinct claim
+                    converted[key] = claimed_epsilon(trained, world.relation)
+                    curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
+                    mus.append(full_batch_gdp_mu(claim, world.relation))
+                claims[which].add(converted[key][0])
+            if (i + 1) % max(1, runs // 10) == 0:
+                say(f"{i + 1} of {runs} runs per world")
+        for which in ("d", "dprime"):
+            if len(claims[which]) != 1:
+                raise AuditFailure(
+                    f"it claimed different ε in runs on the same dataset ({which}): {sorted(claims[which])}"
+                )
+    except AuditFailure as failure:
+        return TwoWorldResult(
+            **common,
+            claimed_epsilon=math.nan,
+            claimed_epsilon_d=math.nan,
+            claimed_epsilon_dprime=math.nan,
+            claim_derivation="",
+            claimed_mu=None,
+            runs_needed=None,
+            bound=None,
+            verdict="error",
+            seconds=time.perf_counter() - started,
+            scores_d=tuple(scores["d"]),
+            scores_dprime=tuple(scores["dprime"]),
+            error=f"{implementation.info.name}: {failure.cause}",
+        )
+
+    eps_d, eps_dprime = claims["d"].pop(), claims["dprime"].pop()
+    claimed = max(eps_d, eps_dprime)
+    claimed_mu = None if any(mu is None for mu in mus) else max(mus)
+    curve: TradeOffCurve | None = None
+    if all(c is not None for c in curves):
+        curve = curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
+    bound = two_world_bound(scores["d"], scores["dprime"], delta=delta, confidence=confidence, claimed_curve=curve)
+    violated = bound.epsilon_lower_bound > claimed or bound.refutes
+    cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=confidence))
+    verdict = "violation" if violated else "undecided" if cannot else "pass"
+    return TwoWorldResult(
+        **common,
+        claimed_epsilon=claimed,
+        claimed_epsilon_d=eps_d,
+        claimed_epsilon_dprime=eps_dprime,
+        claim_derivation=next(iter(converted.values()))[1],
+        claimed_mu=claimed_mu,
+        runs_needed=runs_needed(claimed, delta=delta, confidence=confidence, mu=claimed_mu) if cannot else None,
+        bound=bound,
+        verdict=verdict,
+        seconds=time.perf_counter() - started,
+        scores_d=tuple(scores["d"]),
+        scores_dprime=tuple(scores["dprime"]),
+    )
+

@@ -1,0 +1,175 @@
+"""Crafted neighbouring datasets for two-world audits, each with the probes and the score that expose one
+class of bug.
+
+A :class:`TwoWorlds` names the two datasets D and D′ (add/remove: D′ is D plus one record; replace-one:
+D′ is D with one record replaced), the probe inputs the auditor queries the black box on, and the score,
+a number computed from the black box's log-probabilities on the probes alone, higher meaning "D′". Which
+bug class a world targets, and why it should show there, is said by its constructor. Imports numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpverify._validation import check_choice, check_int, check_real
+from dpverify.contract import RELATIONS
+
+__all__ = ["SCORES", "TwoWorlds", "dataset_size_worlds", "worst_case_record_worlds"]
+
+#: ``output_spread``: the standard deviation of the log-probabilities over the classes, averaged over the
+#: probes (grows with the size of the last update, noise included); ``target_log_prob``: the log-probability
+#: of ``target_class``, averaged over the probes (grows with the target record's pull).
+SCORES: tuple[str, ...] = ("output_spread", "target_log_prob")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class TwoWorlds:
+    """Two neighbouring datasets, the probes and the score of a two-world audit.
+
+    ``features_d``/``labels_d`` is D and ``features_dprime``/``labels_dprime`` is D′; ``relation`` says how
+    they neighbour (checked here: D′ is D plus its last record, or D with one record replaced). ``targets``
+    names the bug class the world is built for and why it shows there.
+    """
+
+    name: str
+    relation: str
+    features_d: np.ndarray
+    labels_d: np.ndarray
+    features_dprime: np.ndarray
+    labels_dprime: np.ndarray
+    num_classes: int
+    probes: np.ndarray
+    score: str
+    target_class: int | None = None
+    targets: str = ""
+
+    def __post_init__(self) -> None:
+        check_choice("relation", self.relation, RELATIONS)
+        check_choice("score", self.score, SCORES)
+        check_int("num_classes", self.num_classes, low=2)
+        for name in ("features_d", "features_dprime", "probes"):
+            array = getattr(self, name)
+            if array.ndim != 2 or array.dtype != np.float32 or array.shape[0] < 1:
+                raise ValueError(f"{name} must be a non-empty 2-D float32 array, got {array.shape} {array.dtype}")
+        dims = {self.features_d.shape[1], self.features_dprime.shape[1], self.probes.shape[1]}
+        if len(dims) != 1:
+            raise ValueError(f"D, D′ and the probes must share one feature dimension, got {sorted(dims)}")
+        if self.score == "target_log_prob":
+            check_int("target_class", self.target_class, low=0, high=self.num_classes - 1)
+        if not _neighbours(self.relation, (self.features_d, self.labels_d), (self.features_dprime, self.labels_dprime)):
+            raise ValueError(
+                f"D′ must be D {'plus one record' if self.relation == 'add_remove' else 'with one record replaced'} "
+                f"({self.relation}); got {len(self.labels_d)} and {len(self.labels_dprime)} records that are not"
+            )
+
+    def dataset(self, world: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(features, labels)`` of ``world`` ("d" or "dprime")."""
+        check_choice("world", world, ("d", "dprime"))
+        return (self.features_d, self.labels_d) if world == "d" else (self.features_dprime, self.labels_dprime)
+
+    def score_log_probs(self, log_probs: np.ndarray) -> float:
+        """The world's score of one trained model from its log-probabilities on :attr:`probes` (k × C)."""
+        if log_probs.shape != (self.probes.shape[0], self.num_classes):
+            expected = (self.probes.shape[0], self.num_classes)
+            raise ValueError(f"log_probs must have shape {expected}, got {log_probs.shape}")
+        if self.score == "output_spread":
+            return float(np.mean(np.std(log_probs, axis=1)))
+        return float(np.mean(log_probs[:, self.target_class]))
+
+
+def _neighbours(relation: str, d: tuple[np.ndarray, np.ndarray], dprime: tuple[np.ndarray, np.ndarray]) -> bool:
+    (x, y), (xp, yp) = d, dprime
+    if y.shape != (x.shape[0],) or yp.shape != (xp.shape[0],) or y.dtype != np.int64 or yp.dtype != np.int64:
+        return False
+    if relation == "add_remove":
+        return xp.shape[0] == x.shape[0] + 1 and np.array_equal(xp[:-1], x) and np.array_equal(yp[:-1], y)
+    differs = np.any(x != xp, axis=1) | (y != yp) if x.shape == xp.shape else None
+    return differs is not None and int(differs.sum()) == 1
+
+
+def dataset_size_worlds(*, records: int = 2, dimension: int = 1, num_classes: int = 4096) -> TwoWorlds:
+    """D: ``records`` copies of one point; D′: one copy more. Score: the output spread on that point.
+
+    Targets bugs.md row 7 and Opacus #571/#819: an implementation that normalises the noisy sum by a
+    function of the dataset's size (Opacus: expected_batch_size = int(N · 1/len(loader)), with the
+    sampling rate and the epoch's step count from len(loader) as well) scales its noise differently in the
+    two worlds. The records are identical, so the worlds differ in their size and one clipped gradient only;
+    with many classes the noise on the output layer makes the spread of the log-probabilities a norm of
+    thousands of coordinates, which concentrates, so a 1.5× change of the normaliser (2 vs 3 records)
+    separates the worlds in every run, while the one clipped gradient moves it by no more than DP allows.
+    Use few steps and a learning rate for which the noise dominates the initial outputs.
+    """
+    records = check_int("records", records, low=1)
+    dimension = check_int("dimension", dimension, low=1)
+    num_classes = check_int("num_classes", num_classes, low=2)
+    point = np.ones((1, dimension), dtype=np.float32)
+    features = np.repeat(point, records + 1, axis=0)
+    labels = np.zeros(records + 1, dtype=np.int64)
+    return TwoWorlds(
+        name=f"dataset-size-{records}-vs-{records + 1}",
+        relation="add_remove",
+        features_d=features[:records],
+        labels_d=labels[:records],
+        features_dprime=features,
+        labels_dprime=labels,
+        num_classes=num_classes,
+        probes=point,
+        score="output_spread",
+        targets="bugs.md row 7 (Opacus #571, #819): a normaliser, sampling rate or step count derived from N",
+    )
+
+
+def worst_case_record_worlds(
+    *,
+    records: int = 1,
+    dimension: int = 16,
+    num_classes: int = 2,
+    scale: float = 10.0,
+    relation: str = "add_remove",
+) -> TwoWorlds:
+    """A far-away target x* = ``scale``·e₁, probed for log p(1 | x*). Add/remove: D is ``records`` copies
+    of a base point (label 0) and D′ adds (x*, 1). Replace-one: D holds ``records`` − 1 base copies and
+    (x*, 0), D′ the same with (x*, 1).
+
+    Targets the noise and clipping rules (bugs.md rows 1-6, 11, 12) with the classic worst case (Nasr et
+    al. 2021): x* is large and far from the base points, so its gradient keeps a norm above C at every
+    step and its clipped gradient pulls x*'s logit for class 1 the same way each step; the probe is x*
+    itself, where that pull is largest. Replace-one flips x*'s label, so the two clipped gradients point
+    exactly opposite ways (2C apart: for one input, the loss gradients of two labels differ by the sign of
+    the output gradient (p − e_y), which is a multiple of (−1, 1) for two classes). A correct full-batch
+    Gaussian mechanism then moves the score by about C (2C) per unit σC of noise each step (μ ≈ √steps/σ,
+    2√steps/σ, in the linear regime), so the audit can approach the claim; missing noise or clipping moves
+    it far more. ``scale=0`` puts x* at the origin, where the first layer's weights get no gradient and
+    their noise does not reach the probe (the power benchmark's setting, with hidden width 1).
+    """
+    records = check_int("records", records, low=1)
+    dimension = check_int("dimension", dimension, low=1)
+    num_classes = check_int("num_classes", num_classes, low=2)
+    scale = check_real("scale", scale, low=0.0)
+    check_choice("relation", relation, RELATIONS)
+    base = np.zeros((records, dimension), dtype=np.float32)
+    base[:, -1] = 1.0  # the base points sit on the last axis, orthogonal to x*
+    target = np.zeros((1, dimension), dtype=np.float32)
+    target[0, 0] = scale
+    labels = np.zeros(records, dtype=np.int64)
+    if relation == "add_remove":
+        features_d, labels_d = base, labels
+        features_dprime, labels_dprime = np.concatenate([base, target]), np.append(labels, 1)
+    else:
+        features_d = features_dprime = np.concatenate([base[:-1], target])
+        labels_d, labels_dprime = labels, np.append(labels[:-1], 1)
+    return TwoWorlds(
+        name=f"worst-case-record-{relation}-{records}",
+        relation=relation,
+        features_d=features_d,
+        labels_d=labels_d,
+        features_dprime=features_dprime,
+        labels_dprime=labels_dprime,
+        num_classes=num_classes,
+        probes=target,
+        score="target_log_prob",
+        target_class=1,
+        targets="bugs.md rows 1-6, 11, 12: missing or scaled noise, missing or batch-level clipping",
+    )
