@@ -6,16 +6,9 @@ import sys
 
 import pytest
 
-from tests.test_plugin import CONFTEST, SMALL, run
+from tests.test_plugin import CONFTEST, SMALL, project, run  # noqa: F401  (project is a fixture)
 
 MARK = "@pytest.mark.dp_audit(m=100, dimension=100, num_classes=5)"
-
-
-@pytest.fixture
-def project(pytester):
-    pytester.makeconftest(CONFTEST)
-    pytester.makeini("[pytest]\ndp_audit_seed = 11\n")
-    return pytester
 
 
 def test_an_audit_through_getfixturevalue_is_not_run_at_a_level_nobody_planned(project):
