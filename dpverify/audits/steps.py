@@ -176,7 +176,7 @@ def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFa
     return AuditResult(
         **fields,
         claimed_epsilon=math.nan,
-        epsilon_lower_bound=0.0,
+        epsilon_lower_bound=math.nan,
         guesses=0,
         correct=0,
         optimal_epsilon=audit_ceiling(config, fields["m"]),
