@@ -30,7 +30,7 @@ from dpverify.audits.steps import (
     resolve_device,
 )
 from dpverify.config import AuditConfig
-from dpverify.contract import Implementation, TrainedModel, TrainingRequest
+from dpverify.contract import Implementation, StepProgress, TrainedModel, TrainingRequest
 from dpverify.datasets import DatasetSplit, load_dataset
 from dpverify.canaries.tagged import check_audit_size, make_multitask_data
 from dpverify.results import AuditResult
@@ -42,7 +42,13 @@ def main_task_accuracy(trained: TrainedModel, features: np.ndarray, labels: np.n
     return float(np.mean(np.argmax(log_probs, axis=1) == labels))
 
 
-def run_data_audit(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
+def run_data_audit(
+    implementation: Implementation,
+    config: AuditConfig,
+    *,
+    progress: Progress | None = None,
+    step_progress: StepProgress | None = None,
+) -> AuditResult:
     """Audit ``implementation`` once with the data-dependent ``config.design``; never raises for a failing
     implementation (verdict ``error``), but raises ``ValueError`` for an audit that cannot be set up (m
     larger than the training split) and ``ImportError`` when the dataset's extra is missing.
@@ -64,7 +70,7 @@ def run_data_audit(implementation: Implementation, config: AuditConfig, *, progr
     training_seed = int(training_seq.generate_state(1)[0] % 2**31)
     prepare = _prepare_multitask if config.design == "multitask" else _prepare_baseline
     request, test_features, score_audit_records = prepare(
-        split, config, records_rng, membership_rng, training_seed=training_seed, device=device
+        split, config, records_rng, membership_rng, training_seed=training_seed, device=device, progress=step_progress
     )
     clock.auditor_seconds = time.perf_counter() - auditor_started
 
@@ -80,7 +86,14 @@ RecordScorer = Callable[[TrainedModel], tuple[np.ndarray, np.ndarray]]
 
 
 def _prepare_multitask(
-    split: DatasetSplit, config: AuditConfig, records_rng, membership_rng, *, training_seed: int, device: str
+    split: DatasetSplit,
+    config: AuditConfig,
+    records_rng,
+    membership_rng,
+    *,
+    training_seed: int,
+    device: str,
+    progress: StepProgress | None,
 ) -> tuple[TrainingRequest, np.ndarray, RecordScorer]:
     """UniAud++'s request (Algorithm 3), the test inputs (zero triggers) and the tag self-comparison."""
     data = make_multitask_data(split, config.data, rng=records_rng)
@@ -92,6 +105,7 @@ def _prepare_multitask(
         hyperparameters=config.hyperparameters,
         seed=training_seed,
         device=device,
+        progress=progress,
         tags=data.tags,
         num_tags=data.num_tags,
         tag_weight=config.data.tag_weight,
@@ -109,7 +123,14 @@ def _prepare_multitask(
 
 
 def _prepare_baseline(
-    split: DatasetSplit, config: AuditConfig, records_rng, membership_rng, *, training_seed: int, device: str
+    split: DatasetSplit,
+    config: AuditConfig,
+    records_rng,
+    membership_rng,
+    *,
+    training_seed: int,
+    device: str,
+    progress: StepProgress | None,
 ) -> tuple[TrainingRequest, np.ndarray, RecordScorer]:
     """A baseline's request (canaries kept with probability ½), the test inputs and the loss score."""
     m, n = config.data.m, split.num_train
@@ -128,6 +149,7 @@ def _prepare_baseline(
         hyperparameters=config.hyperparameters,
         seed=training_seed,
         device=device,
+        progress=progress,
     )
 
     def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray]:
