@@ -14,6 +14,7 @@ task's test accuracy next to ε_L.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -70,8 +71,9 @@ def run_data_audit(
     training_seed = int(training_seq.generate_state(1)[0] % 2**31)
     prepare = _prepare_multitask if config.design == "multitask" else _prepare_baseline
     request, test_features, score_audit_records = prepare(
-        split, config, records_rng, membership_rng, training_seed=training_seed, device=device, progress=step_progress
+        split, config, records_rng, membership_rng, training_seed=training_seed, device=device
     )
+    request = dataclasses.replace(request, progress=step_progress)  # the trainer reports its steps to it
     clock.auditor_seconds = time.perf_counter() - auditor_started
 
     def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, float]:
@@ -86,14 +88,7 @@ RecordScorer = Callable[[TrainedModel], tuple[np.ndarray, np.ndarray]]
 
 
 def _prepare_multitask(
-    split: DatasetSplit,
-    config: AuditConfig,
-    records_rng,
-    membership_rng,
-    *,
-    training_seed: int,
-    device: str,
-    progress: StepProgress | None,
+    split: DatasetSplit, config: AuditConfig, records_rng, membership_rng, *, training_seed: int, device: str
 ) -> tuple[TrainingRequest, np.ndarray, RecordScorer]:
     """UniAud++'s request (Algorithm 3), the test inputs (zero triggers) and the tag self-comparison."""
     data = make_multitask_data(split, config.data, rng=records_rng)
@@ -105,7 +100,6 @@ def _prepare_multitask(
         hyperparameters=config.hyperparameters,
         seed=training_seed,
         device=device,
-        progress=progress,
         tags=data.tags,
         num_tags=data.num_tags,
         tag_weight=config.data.tag_weight,
@@ -123,14 +117,7 @@ def _prepare_multitask(
 
 
 def _prepare_baseline(
-    split: DatasetSplit,
-    config: AuditConfig,
-    records_rng,
-    membership_rng,
-    *,
-    training_seed: int,
-    device: str,
-    progress: StepProgress | None,
+    split: DatasetSplit, config: AuditConfig, records_rng, membership_rng, *, training_seed: int, device: str
 ) -> tuple[TrainingRequest, np.ndarray, RecordScorer]:
     """A baseline's request (canaries kept with probability ½), the test inputs and the loss score."""
     m, n = config.data.m, split.num_train
@@ -149,7 +136,6 @@ def _prepare_baseline(
         hyperparameters=config.hyperparameters,
         seed=training_seed,
         device=device,
-        progress=progress,
     )
 
     def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray]:
