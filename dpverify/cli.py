@@ -3,32 +3,72 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import json
+import os
+import shlex
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence, TextIO
 
+from dpverify import __version__
 from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES
+
+#: The target ε when neither ``--epsilon`` nor ``--set noise_multiplier=`` is given.
+DEFAULT_EPSILON = 2.0
+#: Exit status of a run stopped by Ctrl-C (128 + SIGINT), as a shell reports it.
+INTERRUPTED = 130
+#: Measured seconds per audit, for ``--profile``'s help (source: benchmarks/results/speed.md,
+#: detection-tf-lm.md; issue 11 for a loaded machine).
+PROFILE_HELP = (
+    "quick (CI): m = 1000, one full-batch run of 20 steps; per audit on a 2-core CPU under 1 s for "
+    "opacus-ghost and reference-dpsgd, about 46 s for opacus-hooks and 75-205 s for TF-Privacy "
+    "(benchmarks/results/speed.md, detection-tf-lm.md), several times that on a loaded machine. "
+    "standard: m = 2000. paper: the paper's setting (wants a GPU)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpverify", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"dpverify {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    registers = argparse.ArgumentParser(add_help=False)
+    registers.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a dotted name, or a path to a .py file such as tests/conftest.py) first, so that "
+        "its register_implementation calls register; repeatable",
+    )
 
-    audit = commands.add_parser("audit", help="audit registered implementations (the level is shared among them)")
+    audit = commands.add_parser(
+        "audit", parents=[registers], help="audit registered implementations (the level is shared among them)"
+    )
     audit.add_argument("names", nargs="*", help="implementation names or glob patterns (see `dpverify list`)")
     audit.add_argument("--all", action="store_true", help="audit every registered, available implementation")
-    audit.add_argument("--profile", choices=PROFILE_NAMES, default="quick")
-    audit.add_argument("--epsilon", type=float, default=2.0, help="target ε to calibrate to (inf: non-private)")
+    audit.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help=PROFILE_HELP)
+    audit.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help=f"target ε to calibrate to, > 0 (inf: non-private; default {DEFAULT_EPSILON:g} unless "
+        "--set noise_multiplier=SIGMA gives the noise instead)",
+    )
     audit.add_argument(
         "--design",
         choices=DESIGNS,
         default=None,
         help="inclusion or pair (synthetic canaries); multitask (UniAud++), in_distribution or mislabeled "
-        "(real data, report test accuracy; need pip install 'dpverify[data]')",
+        "(real data, report test accuracy; need pip install 'dpverify[data]'). Language models take "
+        "inclusion or pair",
     )
-    audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design)")
-    audit.add_argument("--epochs", type=int, default=None)
+    audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design), >= 1")
+    audit.add_argument("--epochs", type=int, default=None, help=">= 1")
     audit.add_argument(
         "--set",
         dest="settings",
@@ -38,13 +78,23 @@ def _parser() -> argparse.ArgumentParser:
         help="any other audit setting, as a marker keyword (e.g. --set num_tags=50, --set prefix_length=8); "
         "VALUE is a Python literal. Each implementation takes the settings its audit knows",
     )
-    audit.add_argument("--confidence", type=float, default=0.95, help="confidence for all audits of this run together")
-    audit.add_argument("--seed", type=int, default=0)
+    audit.add_argument(
+        "--confidence", type=float, default=0.95, help="confidence for all audits of this run together, in (0, 1)"
+    )
+    audit.add_argument("--seed", type=int, default=0, help=">= 0")
     audit.add_argument("--device", choices=DEVICES, default="auto")
-    audit.add_argument("--report", metavar="PATH", help="write the JSON report (the pytest plugin's shape)")
+    audit.add_argument(
+        "--report",
+        metavar="PATH",
+        help="write the JSON report (the pytest plugin's shape); rewritten after every audit, so an "
+        "interrupted run keeps what it finished",
+    )
     audit.add_argument("--plots", metavar="DIR", help="write per-audit PNG plots (needs matplotlib)")
 
-    commands.add_parser("list", help="registered implementations, their library versions and availability")
+    listing = commands.add_parser(
+        "list", parents=[registers], help="registered implementations, their library versions and availability"
+    )
+    listing.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
 
     bound = commands.add_parser("bound", help="ε lower bound from counts (Steinke, Nasr & Jagielski 2023)")
     bound.add_argument("--m", type=int, required=True, help="number of canaries")
@@ -55,13 +105,73 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: ``(command, option, test, what a good value is)``: every number is checked before anything runs, and
+#: the message names the option as the user typed it (not the config field it becomes).
+OPTION_CHECKS: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
+    ("audit", "--epsilon", lambda v: v > 0, "> 0 (or inf)"),
+    ("audit", "--m", lambda v: v >= 1, ">= 1"),
+    ("audit", "--epochs", lambda v: v >= 1, ">= 1"),
+    ("audit", "--confidence", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("audit", "--seed", lambda v: v >= 0, ">= 0"),
+    ("bound", "--m", lambda v: v >= 1, ">= 1"),
+    ("bound", "--delta", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("bound", "--confidence", lambda v: 0 < v < 1, "in (0, 1)"),
+)
+
+
+def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` (exit 2) for the first option out of its range, and for ``--all`` with names."""
+    for command, option, good, allowed in OPTION_CHECKS:
+        value = getattr(args, option.lstrip("-"), None) if args.command == command else None
+        if value is not None and not good(value):
+            parser.error(f"{option} must be {allowed}, got {value:g}")
+    if args.command == "audit" and args.all and args.names:
+        parser.error(f"--all audits every registered implementation; give names ({' '.join(args.names)}) or --all, not both")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    _survive_any_terminal()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_options(parser, args)
     try:
-        return {"audit": _audit, "list": _list, "bound": _bound}[args.command](args)
+        if args.command == "audit":
+            return _audit(args, command=shlex.join(["dpverify", *argv]))
+        return {"list": _list, "bound": _bound}[args.command](args)
     except ValueError as exc:
         print(f"dpverify: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `dpverify list | head`: the reader left; say nothing more to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _ascii_fallback(error: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: what the stream cannot encode, in ASCII."""
+    from dpverify.session import to_ascii
+
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    return to_ascii(error.object[error.start : error.end]), error.end
+
+
+def _can_show(stream: TextIO, text: str) -> bool:
+    try:
+        text.encode(getattr(stream, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _survive_any_terminal() -> None:
+    """Let stdout and stderr print on a terminal of any encoding (cp1252, ascii): a symbol the terminal
+    cannot show is written in ASCII ('ε' as 'eps', '∞' as 'inf') instead of crashing the run."""
+    codecs.register_error("dpverify-ascii", _ascii_fallback)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="dpverify-ascii")
 
 
 def _bound(args: argparse.Namespace) -> int:
@@ -76,78 +186,287 @@ def _bound(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from dpverify.registry import registered_implementations
 
+    _import_all(args.imports)
+    rows = []
     for implementation in registered_implementations():
         info = implementation.info
-        version = implementation.library_version() or "not installed"
         reason = implementation.unavailable_reason()
-        expected = "private" if info.expected == "private" else f"buggy variant, {info.detectability}: {info.breaks}"
-        status = "available" if reason is None else f"unavailable ({reason})"
-        print(f"{info.name:32s} {info.library} {version:12s} {status}; {expected}")
+        rows.append(
+            {
+                "name": info.name,
+                "task": info.task,
+                "library": info.library,
+                "version": implementation.library_version(),
+                "available": reason is None,
+                "unavailable_reason": reason,
+                "expected": info.expected,
+                "detectability": info.detectability,
+                "breaks": info.breaks,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ("name", "task", "library", "version", "status", "expected", "what it breaks")
+    table = [header] + [
+        (
+            row["name"],
+            row["task"],
+            row["library"],
+            row["version"] or "not installed",
+            "available" if row["available"] else f"unavailable: {row['unavailable_reason']}",
+            "private" if row["expected"] == "private" else f"buggy variant, {row['detectability']}",
+            row["breaks"] or "-",
+        )
+        for row in rows
+    ]
+    # Every column but the last (free text) is padded to its widest cell.
+    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+    for line in table:
+        print("  ".join([cell.ljust(width) for cell, width in zip(line, widths)] + [line[-1]]))
     return 0
 
 
-def _audit(args: argparse.Namespace) -> int:
+def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import run_audit
     from dpverify.registry import registered_implementations
-    from dpverify.session import AuditSession, outcome_as_expected
+    from dpverify.session import AuditSession, audit_entry, outcome_as_expected
 
     if not args.names and not args.all:
         raise ValueError("name at least one implementation (see `dpverify list`) or pass --all")
+    _import_all(args.imports)
+    overrides = _overrides(args)
     session = AuditSession(
         enabled=True,
         profile=args.profile,
         confidence=args.confidence,
         seed=args.seed,
         device=args.device,
-        epsilon=args.epsilon,
+        epsilon=overrides.get("epsilon", float("nan")),
         implementations=() if args.all else tuple(args.names),
         report_path=args.report,
         plots_dir=args.plots,
+        command=command,
     )
     chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
     if not chosen:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm.
     session.planned_audits = sum(impl.info.expected == "private" for impl in chosen)
-    overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
-    overrides.update(_settings(args.settings))
+    plan = _plan(chosen, args.profile, overrides, session)
+    _refuse_undecidable(plan)
+    _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
-    for index, implementation in enumerate(chosen, start=1):
-        reason = implementation.unavailable_reason()
-        if reason:
-            print(f"[{index}/{len(chosen)}] skipped: {reason}", file=sys.stderr)
-            continue
-        config = _config_for(implementation, args.profile, overrides).with_overrides(
-            epsilon=args.epsilon,
-            device=args.device,
-            seed=session.audit_seed(implementation.info.name),
-            confidence=session.per_audit_confidence,
+    progress = None
+    try:
+        for index, (implementation, config) in enumerate(plan, start=1):
+            label = f"[{index}/{len(plan)}] {implementation.info.name}"
+            reason = implementation.unavailable_reason()
+            if reason:
+                print(f"{label}: skipped: {reason}", file=sys.stderr)
+                continue
+            progress = ProgressLine(sys.stderr, label)
+            result = run_audit(implementation, config, progress=progress.stage, step_progress=progress.step)
+            progress.finish(_outcome(result))
+            session.results.append(audit_entry(result, implementation, nodeid=f"dpverify audit {implementation.info.name}"))
+            session.write_report(complete=False)
+            if args.plots:
+                from dpverify.plots import save_audit_plots
+
+                save_audit_plots(result, args.plots)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.finish("interrupted")
+        print(
+            f"dpverify: interrupted; {len(session.results)} of {len(plan)} audit(s) finished, "
+            "the table and the report hold only those",
+            file=sys.stderr,
         )
-        started = time.perf_counter()
-
-        def progress(stage: str, index: int = index) -> None:
-            print(f"[{index}/{len(chosen)}] {time.perf_counter() - started:6.1f}s {stage}", file=sys.stderr)
-
-        result = run_audit(implementation, config, progress=progress)
-        accuracy = "" if result.test_accuracy is None else f", test accuracy {result.test_accuracy:.3f}"
-        progress(f"{result.verdict}: ε_L = {result.epsilon_lower_bound:.3f}, claimed {result.claimed_epsilon:.3f}{accuracy}")
-        session.results.append(result.to_dict())
-        if args.plots:
-            from dpverify.plots import save_audit_plots
-
-            save_audit_plots(result, args.plots)
-    print("\n".join(session.summary_lines()))
-    if args.report:
-        session.write_report()
-        print(f"JSON report: {Path(args.report)}")
+        _conclude(session, complete=False)
+        return INTERRUPTED
+    _conclude(session, complete=True)
     unexpected = [r for r in session.results if not outcome_as_expected(r)]
     for r in unexpected:
         print(f"unexpected: {r['implementation']} {r['verdict']}" + (f": {r['error']}" if r["error"] else ""))
     return 1 if unexpected else 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The audit settings the options give: ``--design``, ``--m``, ``--epochs``, every ``--set`` and one
+    privacy target (``--epsilon``, ``--set epsilon=`` or ``--set noise_multiplier=``; two are an error,
+    none means ε = 2)."""
+    overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
+    overrides.update(_settings(args.settings))
+    targets = ["--epsilon"] * (args.epsilon is not None) + [
+        f"--set {name}" for name in ("epsilon", "noise_multiplier") if name in overrides
+    ]
+    if len(targets) > 1:
+        raise ValueError(f"give one privacy target, got {' and '.join(targets)}")
+    if args.epsilon is not None or not targets:
+        overrides["epsilon"] = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
+    return overrides
+
+
+def _import_all(targets: Sequence[str]) -> None:
+    """Import each ``--import`` target, a dotted module name or a path to a .py file, so that its
+    ``register_implementation`` calls register. As pytest does for a conftest, the working directory and
+    a file's own directory are importable."""
+    import importlib
+    import importlib.util
+
+    if targets and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for target in targets:
+        try:
+            if target.endswith(".py"):
+                path = Path(target).resolve()
+                if not path.is_file():
+                    raise FileNotFoundError(f"no file {path}")
+                sys.path.insert(0, str(path.parent))
+                spec = importlib.util.spec_from_file_location(f"dpverify_imported.{path.stem}", path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(target)
+        except Exception as exc:
+            raise ValueError(f"--import {target} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _plan(chosen: list[Any], profile: str, overrides: dict[str, object], session: Any) -> list[tuple[Any, Any]]:
+    """``(implementation, audit config)`` for every chosen implementation, all built (and so checked)
+    before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
+    of audits."""
+    plan = []
+    for implementation in chosen:
+        try:
+            config = _config_for(implementation, profile, overrides).with_overrides(
+                device=session.device,
+                seed=session.audit_seed(implementation.info.name),
+                confidence=session.per_audit_confidence,
+            )
+        except ValueError as exc:
+            raise ValueError(f"{implementation.info.name}: {exc}") from exc
+        plan.append((implementation, config))
+    return plan
+
+
+def _refuse_undecidable(plan: list[tuple[Any, Any]]) -> None:
+    """Refuse, before any training, an audit whose target ε is at or above its ceiling ε_O (the largest
+    ε_L its m canaries could show, every guess right) and whose curve test could refute no curve at all:
+    it could only end undecided. (Above ε_O the curve test may still refute the claimed mechanism, whose
+    curve is known only after training.) A run given σ instead of a target is not checked here."""
+    from dpverify.audits.steps import MAX_CANARIES, audit_ceiling, canaries_needed, curve_test_can_refute
+
+    refused = []
+    for implementation, config in plan:
+        target = config.hyperparameters.target_epsilon
+        if target is None:
+            continue
+        ceiling = audit_ceiling(config)
+        if target >= ceiling and not curve_test_can_refute(config):
+            needed = canaries_needed(config, target)
+            fix = f"use --m {needed} or more" if needed else f"no m up to {MAX_CANARIES:,} can refute it"
+            refused.append(
+                f"{implementation.info.name}: m = {config.audit_size} canaries can show at most ε_O = {ceiling:.3f} "
+                f"(confidence {config.confidence:.4g}), not above the target ε = {target:g}, and too few to refute "
+                f"any mechanism's trade-off curve, so the audit could only end undecided; {fix}, or lower --epsilon"
+            )
+    if refused:
+        raise ValueError("refusing audits that can decide nothing:\n  " + "\n  ".join(refused))
+
+
+def _check_outputs(session: Any) -> None:
+    """Fail at once, not after every audit, when the report or the plots cannot be written: the report
+    is written now (empty, ``complete: false``) and the plots' directory is made and probed."""
+    try:
+        session.write_report(complete=False)
+    except OSError as exc:
+        raise ValueError(f"cannot write --report {session.report_path}: {exc.strerror or exc}") from exc
+    if session.plots_dir:
+        try:
+            import dpverify.plots  # noqa: F401  (needs matplotlib)
+        except ImportError as exc:
+            raise ValueError(f"--plots needs matplotlib ({exc}): pip install 'dpverify[plots]'") from exc
+        try:
+            Path(session.plots_dir).mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=session.plots_dir):
+                pass
+        except OSError as exc:
+            raise ValueError(f"cannot write --plots {session.plots_dir}: {exc.strerror or exc}") from exc
+
+
+def _conclude(session: Any, *, complete: bool) -> None:
+    """The table on stdout and the report on disk; ``complete`` is false for an interrupted run."""
+    print("\n".join(session.summary_lines(ascii=not _can_show(sys.stdout, "ε∞"))))
+    path = session.write_report(complete=complete)
+    if path is not None:
+        print(f"JSON report: {path}" + ("" if complete else " (incomplete: interrupted)"))
+
+
+def _outcome(result: Any) -> str:
+    """The audit's outcome in one line."""
+    if result.verdict == "error":
+        return f"error: {result.error.splitlines()[0]}"
+    accuracy = "" if result.test_accuracy is None else f", test accuracy {result.test_accuracy:.3f}"
+    return (
+        f"{result.verdict}: ε_L = {result.epsilon_lower_bound:.3f}, claimed {result.claimed_epsilon:.3f} "
+        f"(ε_O {result.optimal_epsilon:.3f}){accuracy}"
+    )
+
+
+class ProgressLine:
+    """The running audit's stage and DP steps on ``stream``: one line redrawn in place on a terminal
+    (``\\r``, at most ten times a second), plain lines elsewhere, so a CI log gets a line per stage and
+    per tenth of the steps instead of thousands of redraws."""
+
+    BAR_WIDTH = 20
+
+    def __init__(self, stream: TextIO, label: str) -> None:
+        self.stream, self.label = stream, label
+        self.in_place = stream.isatty()
+        self.started = time.perf_counter()
+        self.stage_text = "starting"
+        self.last_shown = -1.0  # on a terminal: when the line was last drawn; elsewhere: the tenth last shown
+        self.drawn = 0
+
+    def stage(self, message: str) -> None:
+        self.stage_text, self.last_shown = message, -1.0
+        self._show(self._line(message))
+
+    def step(self, step: int, steps: int) -> None:
+        done = step / steps
+        if self.in_place:
+            now = time.perf_counter()
+            if step < steps and now - self.last_shown < 0.1:
+                return
+            self.last_shown = now
+        else:
+            tenth = float(int(10 * done))
+            if tenth <= self.last_shown or tenth == 0:
+                return
+            self.last_shown = tenth
+        filled = round(self.BAR_WIDTH * done)
+        self._show(self._line(f"{self.stage_text} [{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}] step {step}/{steps}"))
+
+    def finish(self, outcome: str) -> None:
+        """The audit's last line, which stays."""
+        self._show(self._line(outcome))
+        if self.in_place:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _line(self, text: str) -> str:
+        return f"{self.label} {time.perf_counter() - self.started:6.1f}s {text}"
+
+    def _show(self, line: str) -> None:
+        if not self.in_place:
+            print(line, file=self.stream, flush=True)
+            return
+        line = line[: shutil.get_terminal_size().columns - 1]
+        self.stream.write("\r" + line.ljust(self.drawn))
+        self.stream.flush()
+        self.drawn = len(line)
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, object]:
@@ -168,14 +487,24 @@ def _settings(pairs: Sequence[str]) -> dict[str, object]:
 
 def _config_for(implementation, profile: str, overrides: dict[str, object]):
     """The audit config of ``implementation``'s task from ``profile``, with the overrides it knows; a
-    setting that no audit knows is a ``ValueError`` naming it."""
+    setting that no audit knows, or a design its task cannot take, is a ``ValueError`` naming it."""
+    from dpverify.audits.language import LANGUAGE_DESIGNS, LANGUAGE_SETTINGS, language_config_like
     from dpverify.config import OVERRIDABLE, profile_config
-    from dpverify.audits.language import LANGUAGE_SETTINGS, language_config_like
 
     unknown = sorted(set(overrides) - set(OVERRIDABLE) - set(LANGUAGE_SETTINGS))
     if unknown:
         raise ValueError(f"unknown audit setting(s) {', '.join(unknown)}; known: {', '.join(sorted(set(OVERRIDABLE) | set(LANGUAGE_SETTINGS)))}")
     if implementation.info.task == "language":
+        design = overrides.get("design", LANGUAGE_DESIGNS[0])
+        if design not in LANGUAGE_DESIGNS:
+            raise ValueError(
+                f"a language model takes the designs {', '.join(LANGUAGE_DESIGNS)}, not --design {design}; "
+                "audit it in a run of its own"
+            )
         config = language_config_like(profile_config(profile))
         return config.with_overrides(**{k: v for k, v in overrides.items() if k in LANGUAGE_SETTINGS})
     return profile_config(profile, **{k: v for k, v in overrides.items() if k in OVERRIDABLE})
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -30,6 +30,9 @@ RELATIONS: tuple[str, ...] = ("add_remove", "replace_one")
 DETECTABILITY_CLASSES: tuple[str, ...] = ("D1", "D2", "D3", "D4")
 TASKS: tuple[str, ...] = ("classification", "language")
 
+#: ``progress(step, steps)``: a trainer's report that DP step ``step`` of ``steps`` is done.
+StepProgress = Callable[[int, int], None]
+
 
 @dataclass(frozen=True, kw_only=True)
 class MLPArchitecture:
@@ -111,11 +114,17 @@ class DPHyperparameters:
 class Request:
     """What every request carries, whatever the task: the DP hyperparameters, the trainer's seed and the
     device to train on. The task's payload (canaries and an MLP, token sequences and a transformer) is a
-    subclass: :class:`TrainingRequest` or :class:`SequenceRequest`."""
+    subclass: :class:`TrainingRequest` or :class:`SequenceRequest`.
+
+    ``progress``, when given, is called as ``progress(step, steps)`` after each DP step (step counts from
+    1 to ``steps``), so that a person watching a minutes-long audit sees it move. It must be cheap (the
+    auditor's callback only redraws a line), it cannot change training, and an implementation may ignore
+    it: nothing in the audit depends on it being called."""
 
     hyperparameters: DPHyperparameters
     seed: int = 0
     device: str = "cpu"
+    progress: StepProgress | None = None
 
     def __post_init__(self) -> None:
         check_int("seed", self.seed, low=0)

@@ -39,7 +39,8 @@ class AuditResult:
       ε_O, the most the (ε, δ) test could show, and the claimed curve out of reach even with every guess
       correct): the audit could never have failed; ``canaries_needed`` says how many canaries would make
       the (ε, δ) test decisive;
-    - ``error`` when training, the black box or the claim failed (``error`` says why): never a pass;
+    - ``error`` when training, the black box or the claim failed (``error`` says why): never a pass; no
+      bound was computed, so ``epsilon_lower_bound`` and ``claimed_epsilon`` are NaN (``null`` in the report);
     - ``pass`` otherwise. A pass is not a proof of privacy: ε_L is a lower bound.
 
     ``test_accuracy`` (data-dependent designs only) is the main head's accuracy on the held-out split: the
@@ -84,7 +85,12 @@ class AuditResult:
     bound_by_guesses: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
 
     def to_dict(self, *, include_scores: bool = False) -> dict[str, Any]:
-        """JSON-ready fields (infinite ε as the string "inf"); raw scores only on request."""
+        """JSON-ready fields; raw scores only on request.
+
+        Every number field is a JSON number or ``null``. ``null`` means +∞ when the field's name is in the
+        list ``infinite`` (a non-private run's claimed ε), and no value otherwise (an errored audit's ε_L
+        and claim, a design without test accuracy). JSON has no ∞, and a string in a number field breaks
+        every reader that sums or compares it."""
         out: dict[str, Any] = {
             "implementation": self.implementation,
             "expected": self.expected,
@@ -119,6 +125,9 @@ class AuditResult:
             "config": self.config,
             "bound_by_guesses": [list(row) for row in self.bound_by_guesses],
         }
+        out["infinite"] = [name for name in _NUMBER_FIELDS if _is_infinite(getattr(self, name))]
+        for name in out["infinite"]:
+            out[name] = None
         if include_scores and self.scores is not None:
             out["scores"] = self.scores.tolist()
             out["membership"] = None if self.membership is None else self.membership.tolist()
@@ -126,6 +135,11 @@ class AuditResult:
 
     def summary(self) -> str:
         """One paragraph a person can act on."""
+        if self.verdict == "error":  # no claim, no bound: only what went wrong
+            return (
+                f"{self.implementation}: verdict ERROR ({self.design} design, {self.relation} relation, m = {self.m}). "
+                f"The audit could not run: {self.error}"
+            )
         head = (
             f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation). "
             f"Claimed ε = {self.claimed_epsilon:.4g} at δ = {self.delta:g}; "
@@ -154,8 +168,6 @@ class AuditResult:
         if self.verdict == "undecided":
             need = f"about {self.canaries_needed}" if self.canaries_needed else "more"
             return head + f" The claim is at or above ε_O, so this audit cannot refute it: use {need} canaries."
-        if self.verdict == "error":
-            return head + f" The audit could not run: {self.error}"
         return head
 
 
@@ -178,7 +190,25 @@ class AuditError(RuntimeError):
         super().__init__(result.summary())
 
 
-def _json_float(value: float | None) -> float | str | None:
-    if value is None or math.isnan(value):
+#: The float fields of :meth:`AuditResult.to_dict` that may be ∞ or have no value.
+_NUMBER_FIELDS = (
+    "claimed_epsilon",
+    "library_epsilon",
+    "epsilon_lower_bound",
+    "curve_epsilon_lower_bound",
+    "curve_claimed_epsilon",
+    "curve_mu",
+    "optimal_epsilon",
+    "test_accuracy",
+)
+
+
+def _is_infinite(value: float | None) -> bool:
+    return value is not None and math.isinf(value) and value > 0
+
+
+def _json_float(value: float | None) -> float | None:
+    """A finite float rounded for the report; ``None`` for no value and for ∞ (see ``to_dict``)."""
+    if value is None or not math.isfinite(value):
         return None
-    return "inf" if math.isinf(value) else round(float(value), 6)
+    return round(float(value), 6)

@@ -12,11 +12,29 @@ session only when they are *not* refuted, so they take no share of the level.
 from __future__ import annotations
 
 import json
-import math
+import os
+import platform
+import shlex
+import sys
 import zlib
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpverify.contract import Implementation
+    from dpverify.results import AuditResult
+
+
+def utc_now() -> str:
+    """The time now in UTC, ISO 8601 to the second (``2026-11-26T07:01:02Z``)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def process_command() -> str:
+    """This process's command line as a shell would take it (what the report records by default)."""
+    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else ""
 
 
 class PlanExceeded(RuntimeError):
@@ -45,6 +63,9 @@ class AuditSession:
     timeout: float | None = None
     audits_started: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
+    #: What the report says made it, and when the session started.
+    command: str = field(default_factory=process_command)
+    started_at: str = field(default_factory=utc_now)
 
     @property
     def per_audit_confidence(self) -> float:
@@ -91,8 +112,19 @@ class AuditSession:
             f"session confidence {self.confidence:g}); rerun with {rerun}"
         )
 
-    def report(self) -> dict[str, Any]:
+    def report(self, *, complete: bool = True) -> dict[str, Any]:
+        """The JSON report: what made it (versions, command line, UTC times), the level, one entry per audit.
+        ``complete`` is false in a report written while audits still run or after an interruption."""
+        from dpverify import __version__
+
         return {
+            "dpverify_version": __version__,
+            "python_version": platform.python_version(),
+            "libraries": {r["library"]: r["library_version"] for r in self.results if "library" in r},
+            "command": self.command,
+            "started_at": self.started_at,
+            "written_at": utc_now(),
+            "complete": complete,
             "confidence": self.confidence,
             "per_audit_confidence": self.per_audit_confidence,
             "planned_audits": self.planned_audits,
@@ -101,33 +133,43 @@ class AuditSession:
             "audits": self.results,
         }
 
-    def write_report(self) -> Path | None:
+    def write_report(self, *, complete: bool = True) -> Path | None:
+        """Write :meth:`report` to ``report_path`` atomically (a reader, or a run killed mid-write, sees the
+        previous report or the new one, never half of one); ``None`` when no path is set. Call it before
+        the first audit too: an unwritable path then fails at once, not after every audit has run."""
         if not self.report_path:
             return None
         path = Path(self.report_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.report(), indent=2, allow_nan=False))
+        write_atomically(path, json.dumps(self.report(complete=complete), indent=2, allow_nan=False) + "\n")
         return path
 
-    def summary_lines(self) -> list[str]:
-        """The terminal table: one row per audit, expected outcomes marked apart from unexpected ones."""
-        header = ("implementation", "design", "relation", "claimed ε", "ε_L", "ε_O", "verdict", "expected", "s")
+    def summary_lines(self, *, ascii: bool = False) -> list[str]:
+        """The terminal table: one row per audit, expected outcomes marked apart from unexpected ones. The
+        test column tells apart two audits of one implementation; the note says why an audit errored or
+        how many canaries an undecided one needs. ``ascii`` spells ε and ∞ in ASCII before the columns are
+        aligned, for a terminal that cannot show them."""
+        header = ("implementation", "test", "design", "relation", "claimed ε", "ε_L", "ε_O", "verdict", "expected", "s", "note")
         rows = [header]
-        for r in sorted(self.results, key=lambda r: (r["implementation"], r["seed"])):
+        for r in sorted(self.results, key=lambda r: (r["implementation"], r.get("nodeid") or "", r["seed"])):
             expected = r["expected"] if r["detectability"] is None else f"{r['expected']} ({r['detectability']})"
             rows.append(
                 (
                     r["implementation"],
+                    r.get("nodeid") or "-",
                     r["design"],
                     r["relation"],
-                    _fmt(r["claimed_epsilon"]),
-                    _fmt(r["epsilon_lower_bound"]),
-                    _fmt(r["optimal_epsilon"]),
+                    _fmt(r, "claimed_epsilon"),
+                    _fmt(r, "epsilon_lower_bound"),
+                    _fmt(r, "optimal_epsilon"),
                     f"{r['verdict']} {outcome_mark(r)}".rstrip(),
                     expected,
                     f"{r['seconds']:.1f}",
+                    _note(r),
                 )
             )
+        if ascii:
+            rows = [tuple(to_ascii(str(cell)) for cell in row) for row in rows]
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
         lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "  ".join("-" * width for width in widths))
@@ -138,6 +180,37 @@ class AuditSession:
             "issue of an unmodified library found again."
         )
         return lines
+
+
+def audit_entry(result: AuditResult, implementation: Implementation, *, nodeid: str | None = None) -> dict[str, Any]:
+    """One audit as the report holds it: the result's fields, the library and its version, and the test
+    that ran it (``nodeid``: a pytest node id, or ``dpverify audit <name>`` from the command line)."""
+    entry = {"nodeid": nodeid} if nodeid else {}
+    return {
+        **entry,
+        **result.to_dict(),
+        "library": implementation.info.library,
+        "library_version": implementation.library_version(),
+    }
+
+
+#: ASCII for the symbols dpverify prints, for a terminal whose encoding lacks them.
+ASCII_FALLBACK = {"ε": "eps", "∞": "inf", "σ": "sigma", "δ": "delta", "≤": "<=", "≥": ">=", "−": "-", "→": "->"}
+
+
+def to_ascii(text: str) -> str:
+    """``text`` with :data:`ASCII_FALLBACK` spellings, any other non-ASCII character as '?'."""
+    return "".join(char if char.isascii() else ASCII_FALLBACK.get(char, "?") for char in text)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to a temporary file beside ``path``, then rename it over ``path``."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 #: Variants a one-run black-box audit must catch; D3/D4 variants are reported, a miss is a known limit.
@@ -163,9 +236,31 @@ def outcome_as_expected(result: dict[str, Any]) -> bool:
     return outcome_mark(result) != "!"
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return "∞" if value == "inf" else value
-    return "∞" if math.isinf(value) else ("nan" if math.isnan(value) else f"{value:.3f}")
+def _fmt(result: dict[str, Any], name: str) -> str:
+    """A number field of a report entry for the table: ∞ when the entry lists it as infinite, '-' when it
+    has no value (see :meth:`dpverify.results.AuditResult.to_dict`)."""
+    if name in result.get("infinite", ()):
+        return "∞"
+    value = result[name]
+    return "-" if value is None else f"{value:.3f}"
+
+
+#: Longest note the table shows; the report holds the whole error.
+NOTE_WIDTH = 72
+
+
+def _note(result: dict[str, Any]) -> str:
+    """Why an audit errored (its first line), or how many canaries an undecided one needs."""
+    if result["verdict"] == "error" and result["error"]:
+        first = result["error"].splitlines()[0]
+        return first if len(first) <= NOTE_WIDTH else first[: NOTE_WIDTH - 3] + "..."
+    if result["verdict"] == "undecided":
+        needed = result["canaries_needed"]
+        if "claimed_epsilon" in result.get("infinite", ()):
+            return "no audit refutes ε = ∞"
+        if needed:
+            return f"needs m >= {needed}"
+        from dpverify.audits.steps import MAX_CANARIES
+
+        return f"no m up to {MAX_CANARIES:,} decides it"
+    return ""

@@ -51,9 +51,14 @@ def test_the_conftest_and_test_examples_run_as_written(pytester):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
-def test_the_command_lines_run_as_written(command):
+def test_the_command_lines_run_as_written(command, tmp_path):
+    """Each `dpverify audit` line, in a project laid out as the README's (its conftest in tests/)."""
     pytest.importorskip("opacus")
-    argv = shlex.split(command)
-    entry = "import sys; from dpverify.cli import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", entry, *argv[1:]], capture_output=True, text=True, timeout=900)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "conftest.py").write_text(PYTHON_BLOCKS[0])
+    (tmp_path / "mylib.py").write_text(MYLIB)
+    argv = shlex.split(command, comments=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "dpverify", *argv[1:]], capture_output=True, text=True, timeout=1800, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-2000:]

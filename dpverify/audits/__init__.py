@@ -10,26 +10,33 @@ from dpverify.audits.data_dependent import run_data_audit
 from dpverify.audits.language import language_config_like, run_language_audit
 from dpverify.audits.steps import Progress
 from dpverify.config import AuditConfig
-from dpverify.contract import Implementation
+from dpverify.contract import Implementation, StepProgress
 from dpverify.results import AuditResult
 
 
-def run_audit(implementation: Implementation, config: Any, *, progress: Progress | None = None) -> AuditResult:
+def run_audit(
+    implementation: Implementation,
+    config: Any,
+    *,
+    progress: Progress | None = None,
+    step_progress: StepProgress | None = None,
+) -> AuditResult:
     """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
 
     A failure in training, in the black box or in the claim ends as verdict ``error``. A language-model
     implementation runs :func:`~dpverify.audits.language.run_language_audit` (a classification
     :class:`AuditConfig` lends it its privacy target, level, seed and device); a data-dependent design
     runs :func:`~dpverify.audits.data_dependent.run_data_audit`; the rest run
-    :func:`~dpverify.audits.classification.run_classification_audit`.
+    :func:`~dpverify.audits.classification.run_classification_audit`. ``progress`` hears the audit's
+    stages, ``step_progress`` the trainer's DP steps (:attr:`dpverify.contract.Request.progress`).
     """
     if implementation.info.task == "language":
-        return run_language_audit(implementation, language_config_like(config), progress=progress)
+        return run_language_audit(implementation, language_config_like(config), progress=progress, step_progress=step_progress)
     if not isinstance(config, AuditConfig):
         raise TypeError(
             f"{implementation.info.name} trains a classifier; audit it with a dpverify.config.AuditConfig, "
             f"got {type(config).__name__}"
         )
     if config.is_data_dependent:
-        return run_data_audit(implementation, config, progress=progress)
-    return run_classification_audit(implementation, config, progress=progress)
+        return run_data_audit(implementation, config, progress=progress, step_progress=step_progress)
+    return run_classification_audit(implementation, config, progress=progress, step_progress=step_progress)

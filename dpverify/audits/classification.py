@@ -25,13 +25,17 @@ from dpverify.audits.steps import (
 )
 from dpverify.canaries.synthetic import make_canaries
 from dpverify.config import AuditConfig
-from dpverify.contract import Implementation, TrainedModel, TrainingRequest
+from dpverify.contract import Implementation, StepProgress, TrainedModel, TrainingRequest
 from dpverify.results import AuditResult
 from dpverify.stats.scoring import loss_scores, mean_comparison_scores, self_comparison_scores
 
 
 def run_classification_audit(
-    implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None
+    implementation: Implementation,
+    config: AuditConfig,
+    *,
+    progress: Progress | None = None,
+    step_progress: StepProgress | None = None,
 ) -> AuditResult:
     """Audit a classifier ``implementation`` once on synthetic canaries; never raises for its failures.
 
@@ -54,6 +58,7 @@ def run_classification_audit(
         hyperparameters=config.hyperparameters,
         seed=training_seed,
         device=device,
+        progress=step_progress,
     )
     clock.auditor_seconds = time.perf_counter() - auditor_started
 

@@ -14,6 +14,7 @@ task's test accuracy next to ε_L.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -30,7 +31,7 @@ from dpverify.audits.steps import (
     resolve_device,
 )
 from dpverify.config import AuditConfig
-from dpverify.contract import Implementation, TrainedModel, TrainingRequest
+from dpverify.contract import Implementation, StepProgress, TrainedModel, TrainingRequest
 from dpverify.datasets import DatasetSplit, load_dataset
 from dpverify.canaries.tagged import check_audit_size, make_multitask_data
 from dpverify.results import AuditResult
@@ -42,7 +43,13 @@ def main_task_accuracy(trained: TrainedModel, features: np.ndarray, labels: np.n
     return float(np.mean(np.argmax(log_probs, axis=1) == labels))
 
 
-def run_data_audit(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
+def run_data_audit(
+    implementation: Implementation,
+    config: AuditConfig,
+    *,
+    progress: Progress | None = None,
+    step_progress: StepProgress | None = None,
+) -> AuditResult:
     """Audit ``implementation`` once with the data-dependent ``config.design``; never raises for a failing
     implementation (verdict ``error``), but raises ``ValueError`` for an audit that cannot be set up (m
     larger than the training split) and ``ImportError`` when the dataset's extra is missing.
@@ -66,6 +73,7 @@ def run_data_audit(implementation: Implementation, config: AuditConfig, *, progr
     request, test_features, score_audit_records = prepare(
         split, config, records_rng, membership_rng, training_seed=training_seed, device=device
     )
+    request = dataclasses.replace(request, progress=step_progress)  # the trainer reports its steps to it
     clock.auditor_seconds = time.perf_counter() - auditor_started
 
     def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, float]:

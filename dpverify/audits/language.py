@@ -47,7 +47,14 @@ from dpverify.config import (
     override_guess_rule,
     override_hyperparameters,
 )
-from dpverify.contract import DPHyperparameters, Implementation, SequenceModel, SequenceRequest, TransformerArchitecture
+from dpverify.contract import (
+    DPHyperparameters,
+    Implementation,
+    SequenceModel,
+    SequenceRequest,
+    StepProgress,
+    TransformerArchitecture,
+)
 from dpverify.results import AuditResult
 from dpverify.stats.scoring import GuessRule
 
@@ -156,7 +163,11 @@ def language_config_like(config: Any) -> LanguageAuditConfig:
 
 
 def run_language_audit(
-    implementation: Implementation, config: LanguageAuditConfig, *, progress: Progress | None = None
+    implementation: Implementation,
+    config: LanguageAuditConfig,
+    *,
+    progress: Progress | None = None,
+    step_progress: StepProgress | None = None,
 ) -> AuditResult:
     """Audit a language-model ``implementation`` once; never raises for its failures.
 
@@ -181,6 +192,7 @@ def run_language_audit(
         hyperparameters=config.hyperparameters,
         seed=training_seed,
         device=device,
+        progress=step_progress,
     )
     clock.auditor_seconds = time.perf_counter() - auditor_started
 

@@ -27,7 +27,7 @@ import numpy as np
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel
 from dpverify.results import AuditResult
 from dpverify.stats.bounds import epsilon_lower_bound
-from dpverify.stats.curves import ClaimedRun, curve_refutes, curve_test
+from dpverify.stats.curves import ClaimedRun, GaussianCurve, curve_refutes, curve_test
 from dpverify.stats.scoring import GuessRule, count_correct, guesses_from_scores
 
 Progress = Callable[[str], None]
@@ -88,6 +88,16 @@ def audit_ceiling(config: AuditSettings, m: int | None = None, *, delta: float |
     counts = config.guess_rule.counts(m)
     confidence = config.guess_rule.corrected_confidence(split_confidence(config.confidence)[0])
     return float(np.max(epsilon_lower_bound(m, counts, counts, delta=delta, confidence=confidence)))
+
+
+def curve_test_can_refute(config: AuditSettings, m: int | None = None) -> bool:
+    """Whether every guess right would let the curve test refute even a perfectly private mechanism's
+    curve (f(α) = 1 − α). When it cannot, no claimed curve is within this audit's reach; when it can, some
+    claims are, whatever their ε, so an audit above its ceiling ε_O may still decide."""
+    m = config.audit_size if m is None else m
+    counts = config.guess_rule.counts(m)
+    confidence = config.guess_rule.corrected_confidence(split_confidence(config.confidence)[1])
+    return bool(np.any(curve_refutes(m, counts, counts, curve=GaussianCurve(mu=0.0), confidence=confidence)))
 
 
 def canaries_needed(config: AuditSettings, claimed_epsilon: float, *, delta: float | None = None) -> int | None:
@@ -196,7 +206,7 @@ def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFa
     return AuditResult(
         **fields,
         claimed_epsilon=math.nan,
-        epsilon_lower_bound=0.0,
+        epsilon_lower_bound=math.nan,
         guesses=0,
         correct=0,
         optimal_epsilon=audit_ceiling(config, fields["m"]),

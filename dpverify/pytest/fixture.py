@@ -20,7 +20,7 @@ from dpverify.contract import Implementation
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
 from dpverify.pytest.stash import RESULT_PROPERTY
-from dpverify.session import MUST_CATCH, AuditSession
+from dpverify.session import MUST_CATCH, AuditSession, audit_entry
 
 #: Marker keywords: audit settings except the session's own (seed, confidence), plus profile and audits.
 MARKER_KEYWORDS = tuple(name for name in OVERRIDABLE if name not in ("seed", "confidence")) + ("profile", "audits")
@@ -57,7 +57,7 @@ def execute_audit(
     session.start_audit(counted=counted, where=node.nodeid)
     config = config.with_overrides(seed=session.audit_seed(key), confidence=session.per_audit_confidence)
     result = run_audit(implementation, config)
-    record = {**result.to_dict(), "nodeid": node.nodeid}
+    record = audit_entry(result, implementation, nodeid=node.nodeid)
     node.user_properties.extend((f"dp_audit_{name}", record[name]) for name in JUNIT_FIELDS)
     # The planned count travels with the result: under xdist only the workers collect and count.
     node.user_properties.append((RESULT_PROPERTY, json.dumps({**record, "planned_audits": session.planned_audits})))

@@ -135,7 +135,7 @@ class ResultGatherer:
                 self.session.gather(json.loads(value))
                 gathered = True
         if gathered and self.session.enabled:
-            self.session.write_report()
+            self.session.write_report(complete=False)
 
 
 @pytest.hookimpl(optionalhook=True)

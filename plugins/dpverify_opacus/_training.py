@@ -246,6 +246,8 @@ def run_steps(run: OpacusRun) -> PrivacyClaim:
             backward_batch(run, inputs, targets)
             run.optimizer.step()
             taken += 1
+            if run.request.progress is not None:
+                run.request.progress(taken, steps)
     if taken != steps:
         raise RuntimeError(f"{run.name}: the data loader gave {taken} batches, expected {steps}")
     return claim_from_accountant(

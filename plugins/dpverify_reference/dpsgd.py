@@ -133,6 +133,8 @@ def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") 
                 criterion=criterion,
             )
             taken += 1
+            if request.progress is not None:
+                request.progress(taken, steps)
     if taken != steps:  # pragma: no cover - poisson_batches yields exactly `steps`
         raise RuntimeError(f"{name} took {taken} steps, expected {steps}")
 
