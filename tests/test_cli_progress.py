@@ -1,5 +1,5 @@
-"""The contract's step callback: every audit kind hands it to the trainer, and the bundled Opacus and
-reference trainers call it once per DP step, as ``progress(step, steps)``."""
+"""The contract's step callback: every audit kind hands it to the trainer, and the bundled Opacus,
+TF-Privacy and reference trainers call it once per DP step, as ``progress(step, steps)``."""
 
 import pytest
 
@@ -21,8 +21,10 @@ SMALL = dict(m=100, dimension=100, hidden_width=50, epochs=3, device="cpu")
         ("opacus-hooks", profile_config("quick", **SMALL, design="pair")),
         ("reference-dpsgd", profile_config("quick", design="in_distribution", m=50, epochs=2, device="cpu")),
         ("opacus-lm", LanguageAuditConfig().with_overrides(m=50, epochs=2, device="cpu")),
+        ("tf-privacy-keras", profile_config("quick", **SMALL, sampling_rate=0.5)),
+        ("tf-privacy-fast-clipping", profile_config("quick", **SMALL)),
     ],
-    ids=["reference", "opacus-subsampled", "opacus-pair", "data-design", "language"],
+    ids=["reference", "opacus-subsampled", "opacus-pair", "data-design", "language", "tf-privacy", "tf-fast-clipping"],
 )
 def test_trainers_report_every_step(name, config):
     implementation = get_implementation(name)

@@ -277,10 +277,12 @@ def train_poisson(
         model, step, iterations = make_step(features, targets)
         dp_sgd_step = tf.function(step, input_signature=[tf.TensorSpec([None], tf.int32)])
         batch_sizes = []
-        for indices in poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling):
+        for taken, indices in enumerate(poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling), 1):
             batch_sizes.append(int(indices.size))
             if indices.size:
                 dp_sgd_step(tf.constant(indices))
+            if request.progress is not None:
+                request.progress(taken, hp.steps)
 
     for variable in model.trainable_variables:
         if not np.all(np.isfinite(variable.numpy())):
