@@ -10,12 +10,13 @@ from dpverify._validation import check_choice, check_int, check_probability
 from dpverify.canaries.synthetic import CanaryConfig
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
+from dpverify.canaries.worlds import TwoWorldConfig
 from dpverify.stats.scoring import SCORE_KINDS, GuessRule
 
-Design = Literal["inclusion", "pair", "multitask", "in_distribution", "mislabeled"]
+Design = Literal["inclusion", "pair", "multitask", "in_distribution", "mislabeled", "two_world"]
 #: Designs on real data (``config.data``): UniAud++ and the two O(1) baselines it is compared with.
 DATA_DESIGNS: tuple[str, ...] = ("multitask", "in_distribution", "mislabeled")
-DESIGNS: tuple[str, ...] = ("inclusion", "pair") + DATA_DESIGNS
+DESIGNS: tuple[str, ...] = ("inclusion", "pair") + DATA_DESIGNS + ("two_world",)
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DESIGN_RELATION = {
     "inclusion": "add_remove",
@@ -23,6 +24,7 @@ DESIGN_RELATION = {
     "multitask": "replace_one",
     "in_distribution": "add_remove",
     "mislabeled": "add_remove",
+    "two_world": "add_remove",
 }
 #: The score each data-dependent design uses (it is part of the design, not a choice).
 DATA_DESIGN_SCORE = {"multitask": "self_comparison", "in_distribution": "loss", "mislabeled": "loss"}
@@ -44,6 +46,11 @@ class AuditConfig:
     self-comparison on the tags, replace-one); ``in_distribution`` and ``mislabeled`` are Steinke et al.'s
     O(1) audit with m real records (correctly or wrongly labelled) each included with probability ½,
     scored by the loss of their label (add/remove).
+
+    ``two_world`` trains the implementation ``worlds.runs`` times on each of two crafted neighbouring
+    datasets (:class:`~dpverify.canaries.worlds.TwoWorldConfig`) with this config's model and training, and
+    tests the scores of the runs (add/remove); it sees what one run cannot, e.g. a normaliser that reads
+    the dataset's size.
     """
 
     canaries: CanaryConfig = field(default_factory=CanaryConfig)
@@ -53,6 +60,7 @@ class AuditConfig:
     score: str = "auto"
     guess_rule: GuessRule = field(default_factory=GuessRule)
     data: DataAuditConfig = field(default_factory=DataAuditConfig)
+    worlds: TwoWorldConfig = field(default_factory=TwoWorldConfig)
     confidence: float = 0.95
     seed: int = 0
     device: str = "auto"
@@ -78,7 +86,10 @@ class AuditConfig:
 
     @property
     def audit_size(self) -> int:
-        """m: the audit records of a data-dependent design, else the canaries."""
+        """m: the audit records of a data-dependent design, the runs per world of the two-world design,
+        else the canaries."""
+        if self.design == "two_world":
+            return self.worlds.runs
         return self.data.m if self.is_data_dependent else self.canaries.m
 
     @property
@@ -123,8 +134,17 @@ DATA_FIELDS = (
     "tags_per_record",
     "tag_weight",
 )
+#: The two-world design's part (``config.worlds``).
+WORLD_FIELDS = ("world", "runs", "records", "outputs")
 OVERRIDABLE = (
-    CANARY_FIELDS + ARCHITECTURE_FIELDS + HYPERPARAMETER_FIELDS + TOP_FIELDS + GUESS_FIELDS + DATA_FIELDS + ("epsilon",)
+    CANARY_FIELDS
+    + ARCHITECTURE_FIELDS
+    + HYPERPARAMETER_FIELDS
+    + TOP_FIELDS
+    + GUESS_FIELDS
+    + DATA_FIELDS
+    + WORLD_FIELDS
+    + ("epsilon",)
 )
 
 
@@ -148,6 +168,7 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         config,
         canaries=dataclasses.replace(config.canaries, **canary_fields),
         data=dataclasses.replace(config.data, **data_fields),
+        worlds=dataclasses.replace(config.worlds, **pick(WORLD_FIELDS)),
         architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
         hyperparameters=override_hyperparameters(config.hyperparameters, overrides),
         guess_rule=override_guess_rule(config.guess_rule, overrides),

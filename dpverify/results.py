@@ -133,6 +133,12 @@ class AuditResult:
             out["membership"] = None if self.membership is None else self.membership.tolist()
         return out
 
+    @property
+    def _counted(self) -> str:
+        if self.design == "two_world":
+            return f"held-out runs placed in the right world, {self.m} runs per world"
+        return f"guesses correct on m = {self.m} canaries"
+
     def summary(self) -> str:
         """One paragraph a person can act on."""
         if self.verdict == "error":  # no claim, no bound: only what went wrong
@@ -144,7 +150,7 @@ class AuditResult:
             f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation). "
             f"Claimed ε = {self.claimed_epsilon:.4g} at δ = {self.delta:g}; "
             f"audit lower bound ε_L = {self.epsilon_lower_bound:.4g} at {self.confidence:.4%} confidence "
-            f"({self.correct} of {self.guesses} guesses correct on m = {self.m} canaries, {self.estimator} bound); "
+            f"({self.correct} of {self.guesses} {self._counted}, {self.estimator} bound); "
             f"the most this audit could show is ε_O = {self.optimal_epsilon:.4g}."
         )
         if self.curve_claimed_epsilon is not None:

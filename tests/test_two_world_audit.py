@@ -166,3 +166,27 @@ def test_opacus_on_a_users_data_loader_derives_the_rate_and_steps_from_the_datas
     assert (claims[0].sampling_rate, claims[0].steps) == (1.0, 1)
     assert (claims[1].sampling_rate, claims[1].steps) == (0.5, 2)
     assert claims[0].epsilon != claims[1].epsilon
+
+
+@pytest.mark.slow
+def test_the_two_world_design_reaches_the_finding_through_the_marker(pytester):
+    """`design="two_world"` on the marker: the known issue is found again, reported, and the test stays
+    green with a KnownIssueFound warning (not an xfail)."""
+    pytest.importorskip("opacus")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.dp_audit(design="two_world", noise_multiplier=3.0, epochs=1, learning_rate=1.0, hidden_width=1024, runs=60)
+        def test_finding(dp_audit):
+            result = dp_audit("opacus-dataloader")
+            assert result.verdict == "violation" and result.design == "two_world" and result.m == 60
+        """
+    )
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--dp-audit", "--dp-audit-seed=0", "--dp-audit-implementations=none",
+        f"--dp-audit-report={report}",
+    )
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*KnownIssueFound: known issue https://github.com/pytorch/opacus/issues/571 found again*", "*opacus-dataloader*two_world*violation K*"])

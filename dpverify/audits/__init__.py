@@ -9,6 +9,7 @@ from dpverify.audits.classification import run_classification_audit
 from dpverify.audits.data_dependent import run_data_audit
 from dpverify.audits.language import language_config_like, run_language_audit
 from dpverify.audits.steps import Progress
+from dpverify.audits.two_world import run_two_world_design
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress
 from dpverify.results import AuditResult
@@ -26,7 +27,9 @@ def run_audit(
     A failure in training, in the black box or in the claim ends as verdict ``error``. A language-model
     implementation runs :func:`~dpverify.audits.language.run_language_audit` (a classification
     :class:`AuditConfig` lends it its privacy target, level, seed and device); a data-dependent design
-    runs :func:`~dpverify.audits.data_dependent.run_data_audit`; the rest run
+    runs :func:`~dpverify.audits.data_dependent.run_data_audit`; ``two_world`` runs
+    :func:`~dpverify.audits.two_world.run_two_world_design` (many trainings; the trainer's steps are not
+    reported); the rest run
     :func:`~dpverify.audits.classification.run_classification_audit`. ``progress`` hears the audit's
     stages, ``step_progress`` the trainer's DP steps (:attr:`dpverify.contract.Request.progress`).
     """
@@ -37,6 +40,8 @@ def run_audit(
             f"{implementation.info.name} trains a classifier; audit it with a dpverify.config.AuditConfig, "
             f"got {type(config).__name__}"
         )
+    if config.design == "two_world":
+        return run_two_world_design(implementation, config, progress=progress)
     if config.is_data_dependent:
         return run_data_audit(implementation, config, progress=progress, step_progress=step_progress)
     return run_classification_audit(implementation, config, progress=progress, step_progress=step_progress)

@@ -25,7 +25,9 @@ from dpverify.audits.steps import (
     train_through_contract,
 )
 from dpverify.canaries.worlds import TwoWorlds
+from dpverify.config import AuditConfig
 from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture, PrivacyClaim, TrainingRequest
+from dpverify.results import AuditResult
 from dpverify.stats.two_world import (
     TradeOffCurve,
     TwoWorldBound,
@@ -36,7 +38,7 @@ from dpverify.stats.two_world import (
     two_world_ceiling,
 )
 
-__all__ = ["TwoWorldResult", "full_batch_gdp_curve", "full_batch_gdp_mu", "run_two_world_audit"]
+__all__ = ["TwoWorldResult", "full_batch_gdp_curve", "full_batch_gdp_mu", "run_two_world_audit", "run_two_world_design"]
 
 Progress = Callable[[str], None]
 #: Maps a claim and the world's relation to the trade-off curve β(α) the claim asserts, or ``None``.
@@ -242,5 +244,65 @@ def run_two_world_audit(
         seconds=time.perf_counter() - started,
         scores_d=tuple(scores["d"]),
         scores_dprime=tuple(scores["dprime"]),
+    )
+
+
+def run_two_world_design(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
+    """The two-world audit as ``design="two_world"`` of an :class:`AuditConfig` runs it (the plugin, the
+    CLI), with the config's world, runs, model, training, level, seed and device, reported as an
+    :class:`AuditResult`.
+
+    In the result ``m`` is the runs per world, ``guesses`` the held-out runs the (ε, δ) test counted and
+    ``correct`` those its threshold placed in the right world; ``optimal_epsilon`` is the runs' ceiling and
+    ``canaries_needed`` the runs per world that could decide. The curve test is the GDP one of full-batch
+    claims: ``curve_epsilon_lower_bound`` is its μ_L's ε at δ, ``curve_mu`` μ_L. ``scores`` hold the D runs'
+    then the D′ runs' scores, with ``membership`` −1 and +1.
+    """
+    outcome = run_two_world_audit(
+        implementation,
+        world=config.worlds.worlds(),
+        runs=config.worlds.runs,
+        hyperparameters=config.hyperparameters,
+        architecture=config.architecture,
+        confidence=config.confidence,
+        seed=config.seed,
+        device=config.device,
+        progress=progress,
+    )
+    bound = outcome.bound
+    counted = 0 if bound is None else bound.negatives + bound.positives
+    wrong = 0 if bound is None else bound.false_positives + bound.false_negatives
+    scores = np.array(outcome.scores_d + outcome.scores_dprime, dtype=np.float64)
+    membership = np.repeat(np.array([-1, 1], dtype=np.int8), [len(outcome.scores_d), len(outcome.scores_dprime)])
+    return AuditResult(
+        implementation=implementation.info.name,
+        expected=implementation.info.expected,
+        detectability=implementation.info.detectability,
+        design="two_world",
+        relation=outcome.relation,
+        claimed_epsilon=outcome.claimed_epsilon,
+        library_epsilon=outcome.claimed_epsilon_d,
+        claim_derivation=f"{outcome.claim_derivation}; world {outcome.world}, claims in D {outcome.claimed_epsilon_d:.4g} "
+        f"and D′ {outcome.claimed_epsilon_dprime:.4g}",
+        delta=outcome.delta,
+        epsilon_lower_bound=math.nan if bound is None else bound.epsilon_lower_bound,
+        estimator="two-world Clopper–Pearson",
+        curve_epsilon_lower_bound=None if bound is None else bound.gdp_epsilon_lower_bound,
+        curve_refuted=bool(bound is not None and bound.refutes),
+        curve_mu=None if bound is None else bound.gdp_mu_lower_bound,
+        confidence=outcome.confidence,
+        m=outcome.runs,
+        guesses=counted,
+        correct=counted - wrong,
+        optimal_epsilon=outcome.epsilon_ceiling,
+        canaries_needed=outcome.runs_needed,
+        verdict=outcome.verdict,
+        seed=outcome.seed,
+        device=outcome.device,
+        seconds=outcome.seconds,
+        error=outcome.error,
+        config=config.to_dict(),
+        scores=scores,
+        membership=membership,
     )
 

@@ -16,7 +16,7 @@ import numpy as np
 from dpverify._validation import check_choice, check_int, check_real
 from dpverify.contract import RELATIONS
 
-__all__ = ["SCORES", "TwoWorlds", "dataset_size_worlds", "worst_case_record_worlds"]
+__all__ = ["SCORES", "WORLD_KINDS", "TwoWorldConfig", "TwoWorlds", "dataset_size_worlds", "worst_case_record_worlds"]
 
 #: ``output_spread``: the standard deviation of the log-probabilities over the classes, averaged over the
 #: probes (grows with the size of the last update, noise included); ``target_log_prob``: the log-probability
@@ -173,3 +173,31 @@ def worst_case_record_worlds(
         target_class=1,
         targets="bugs.md rows 1-6, 11, 12: missing or scaled noise, missing or batch-level clipping",
     )
+
+
+#: The crafted worlds by name, as the two-world design selects them.
+WORLD_KINDS: tuple[str, ...] = ("dataset_size", "worst_case_record")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoWorldConfig:
+    """The two-world design's part of an audit: the crafted ``world`` (``dataset_size`` or
+    ``worst_case_record``, see their constructors), ``records`` in D, the model's ``outputs`` (classes) and
+    ``runs`` trainings on each of D and D′. The defaults are the setting that finds Opacus #571: 2 vs 3
+    records and 1024 outputs, 60 runs per world. Add/remove neighbours."""
+
+    world: str = "dataset_size"
+    runs: int = 60
+    records: int = 2
+    outputs: int = 1024
+
+    def __post_init__(self) -> None:
+        check_choice("world", self.world, WORLD_KINDS)
+        check_int("runs", self.runs, low=2)
+        check_int("records", self.records, low=1)
+        check_int("outputs", self.outputs, low=2)
+
+    def worlds(self) -> TwoWorlds:
+        """The two datasets this part designates."""
+        make = dataset_size_worlds if self.world == "dataset_size" else worst_case_record_worlds
+        return make(records=self.records, num_classes=self.outputs)
