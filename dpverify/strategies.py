@@ -19,6 +19,7 @@ from dpverify.canaries.synthetic import CANARY_MODES, CanaryConfig
 from dpverify.config import DESIGNS, AuditConfig, profile_config
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
+from dpverify.canaries.worlds import WORLD_KINDS, TwoWorldConfig
 
 #: No deadline (an example trains a model), few examples, derandomized where ``CI`` is set.
 audit_settings = settings(
@@ -153,6 +154,34 @@ def data_audit_configs(
     return build()
 
 
+def two_world_configs(
+    *,
+    min_runs: int = 10,
+    max_runs: int = 200,
+    max_records: int = 10,
+    min_outputs: int = 2,
+    max_outputs: int = 4096,
+    worlds: tuple[str, ...] = WORLD_KINDS,
+) -> st.SearchStrategy[TwoWorldConfig]:
+    """The two-world design's part: a crafted world, runs per world, records in D (1 to ``max_records``:
+    the tiny datasets where a size-reading normaliser shows) and the model's outputs."""
+    check_int("min_runs", min_runs, low=2)
+    check_int("max_records", max_records, low=1)
+    check_int("min_outputs", min_outputs, low=2)
+    _bounds("runs", min_runs, max_runs)
+    _bounds("outputs", min_outputs, max_outputs)
+    unknown = set(worlds) - set(WORLD_KINDS)
+    if not worlds or unknown:
+        raise ValueError(f"worlds must be a non-empty subset of {WORLD_KINDS}, got {worlds!r}")
+    return st.builds(
+        TwoWorldConfig,
+        world=st.sampled_from(worlds),
+        runs=st.integers(min_runs, max_runs),
+        records=st.integers(1, max_records),
+        outputs=st.integers(min_outputs, max_outputs),
+    )
+
+
 def audit_configs(
     *,
     profile: str = "quick",
@@ -162,9 +191,11 @@ def audit_configs(
     max_hidden_width: int = 1000,
     designs: tuple[str, ...] = ("inclusion", "pair"),
     data: st.SearchStrategy[DataAuditConfig] | None = None,
+    worlds: st.SearchStrategy[TwoWorldConfig] | None = None,
 ) -> st.SearchStrategy[AuditConfig]:
-    """Whole audit configurations: the profile's guess rule, generated canaries, model and training, and
-    for the data-dependent designs (``multitask``, ``in_distribution``, ``mislabeled``) the ``data`` part."""
+    """Whole audit configurations: the profile's guess rule, generated canaries, model and training, for
+    the data-dependent designs (``multitask``, ``in_distribution``, ``mislabeled``) the ``data`` part, and
+    for ``two_world`` the ``worlds`` part."""
     check_int("min_hidden_width", min_hidden_width, low=1)
     _bounds("hidden_width", min_hidden_width, max_hidden_width)
     unknown = set(designs) - set(DESIGNS)
@@ -179,4 +210,5 @@ def audit_configs(
         design=st.sampled_from(designs),
         guess_rule=st.just(base.guess_rule),
         data=data if data is not None else st.just(base.data),
+        worlds=worlds if worlds is not None else two_world_configs(),
     )

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 
 from dpverify.config import AuditConfig
-from dpverify.strategies import audit_configs, canary_configs, dp_hyperparameters
+from dpverify.strategies import audit_configs, canary_configs, dp_hyperparameters, two_world_configs
 
 
 @settings(max_examples=30, deadline=None)
@@ -24,6 +24,15 @@ def test_the_clipping_norm_reaches_both_ends_of_its_decades(far):
     assert far(find(dp_hyperparameters(), far, settings=settings(max_examples=500, database=None)))
 
 
+@settings(max_examples=30, deadline=None)
+@given(config=audit_configs(designs=("two_world",), worlds=two_world_configs(max_runs=50, max_records=3)))
+def test_two_world_configs_are_valid_and_within_bounds(config):
+    assert config.design == "two_world" and config.relation == "add_remove"
+    assert 10 <= config.audit_size == config.worlds.runs <= 50 and 1 <= config.worlds.records <= 3
+    worlds = config.worlds.worlds()
+    assert len(worlds.features_dprime) == len(worlds.features_d) + 1
+
+
 @pytest.mark.parametrize(
     "factory, kwargs, message",
     [
@@ -35,6 +44,8 @@ def test_the_clipping_norm_reaches_both_ends_of_its_decades(far):
         (dp_hyperparameters, dict(min_epochs=4, max_epochs=2), "min_epochs must be <= max_epochs"),
         (dp_hyperparameters, dict(min_grad_norm=0.0), r"min_grad_norm must be in \(0, inf\]"),
         (audit_configs, dict(min_hidden_width=0), "min_hidden_width must be >= 1"),
+        (two_world_configs, dict(min_runs=1), "min_runs must be >= 2, got 1"),
+        (two_world_configs, dict(worlds=("flat",)), "worlds must be a non-empty subset"),
     ],
 )
 def test_bad_bounds_are_rejected_at_the_door(factory, kwargs, message):
