@@ -176,6 +176,8 @@ def test_an_interrupted_run_keeps_the_finished_audits_in_its_report(tmp_path):
         [sys.executable, "-m", "dpverify", "audit", "reference-dpsgd", "waits-for-interrupt", "--import", str(helper),
          *SMALL, "--report", str(report)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
+        # A pytest-xdist worker ignores SIGINT, and a child would inherit that: restore Ctrl-C's default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 300
