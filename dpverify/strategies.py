@@ -107,7 +107,8 @@ def dp_hyperparameters(
 
     @st.composite
     def build(draw) -> DPHyperparameters:
-        clip = math.exp(draw(st.floats(math.log(min_grad_norm), math.log(max_grad_norm))))
+        # exp(log(x)) can round past x: clamp, so C never leaves the declared range.
+        clip = min(max(math.exp(draw(st.floats(math.log(min_grad_norm), math.log(max_grad_norm)))), min_grad_norm), max_grad_norm)
         return DPHyperparameters(
             target_epsilon=draw(st.floats(min_epsilon, max_epsilon)),
             sampling_rate=draw(st.sampled_from(sampling_rates)),

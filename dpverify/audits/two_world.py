@@ -19,6 +19,7 @@ import numpy as np
 from dpverify._validation import check_int, check_probability
 from dpverify.audits.steps import (
     AuditFailure,
+    Progress,
     claimed_epsilon,
     query_black_box,
     resolve_device,
@@ -40,7 +41,6 @@ from dpverify.stats.two_world import (
 
 __all__ = ["TwoWorldResult", "full_batch_gdp_curve", "full_batch_gdp_mu", "run_two_world_audit", "run_two_world_design"]
 
-Progress = Callable[[str], None]
 #: Maps a claim and the world's relation to the trade-off curve β(α) the claim asserts, or ``None``.
 CurveForClaim = Callable[[PrivacyClaim, str], "TradeOffCurve | None"]
 

@@ -19,6 +19,7 @@ from scipy import special
 
 from dpverify._validation import check_choice, check_int, check_probability, check_real
 from dpverify.stats.bounds import _clopper_pearson_upper, _gdp_epsilon, clopper_pearson_epsilon
+from dpverify.stats.curves import GaussianCurve
 
 __all__ = [
     "THRESHOLD_RULES",
@@ -40,9 +41,9 @@ TradeOffCurve = Callable[[np.ndarray], np.ndarray]
 
 
 def gdp_curve(mu: float) -> TradeOffCurve:
-    """The μ-GDP trade-off curve β(α) = Φ(Φ⁻¹(1 − α) − μ) (Dong, Roth & Su 2022), vectorised."""
-    mu = check_real("mu", mu, low=0.0)
-    return lambda alpha: special.ndtr(special.ndtri(1.0 - np.asarray(alpha, dtype=float)) - mu)
+    """The μ-GDP trade-off curve β(α) = Φ(Φ⁻¹(1 − α) − μ) (Dong, Roth & Su 2022), vectorised: the one-run
+    curve test's :class:`~dpverify.stats.curves.GaussianCurve`."""
+    return GaussianCurve(mu=mu)
 
 
 @dataclass(frozen=True, kw_only=True)
