@@ -164,6 +164,9 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
     canary_fields, data_fields = pick(CANARY_FIELDS), pick(DATA_FIELDS)
     if overrides.get("design", config.design) in DATA_DESIGNS and "m" in canary_fields:
         data_fields["m"] = canary_fields.pop("m")
+    if canary_fields.get("mode", config.canaries.mode) == "dirac" and "dimension" not in canary_fields:
+        # A Dirac canary owns a coordinate: the dimension follows m unless the user sets it.
+        canary_fields["dimension"] = canary_fields.get("m", config.canaries.m)
     return dataclasses.replace(
         config,
         canaries=dataclasses.replace(config.canaries, **canary_fields),

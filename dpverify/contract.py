@@ -36,16 +36,26 @@ StepProgress = Callable[[int, int], None]
 
 @dataclass(frozen=True, kw_only=True)
 class MLPArchitecture:
-    """The designated model: ``d -> hidden_width -> C`` with one ReLU, randomly initialised by the trainer.
+    """The designated model: ``d -> hidden_width -> C`` with one ReLU, randomly initialised by the trainer;
+    or, with ``hidden_width=0``, softmax regression: one affine layer ``d -> C`` whose weights and bias
+    start at zero.
 
     A wide two-layer ReLU network can memorise any labelling of m points (Zhang et al. 2017), which is
-    what lets uncorrelated canaries separate members from non-members.
+    what lets uncorrelated canaries separate members from non-members, and it is the model to audit
+    when the code under test trains hidden layers. Softmax regression with Dirac canaries (each canary
+    owns one input coordinate) is the sharp audit of DP-SGD itself: a canary moves only its own column
+    of weights, so canaries do not interfere, and starting at zero leaves the noise of the mechanism
+    as the only noise on a canary's score.
     """
 
     hidden_width: int = 1000
 
     def __post_init__(self) -> None:
-        check_int("hidden_width", self.hidden_width, low=1)
+        check_int("hidden_width", self.hidden_width, low=0)
+
+    @property
+    def is_softmax_regression(self) -> bool:
+        return self.hidden_width == 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +143,8 @@ class Request:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class TrainingRequest(Request):
-    """A classification request: canaries, the number of classes and the designated MLP.
+    """A classification request: canaries, the number of classes and the designated MLP (or softmax
+    regression, see :class:`MLPArchitecture`).
 
     A multi-task request (UniAud++, paper section 5) also carries ``tags`` ((n, H) int64 in
     [0, ``num_tags``), −1 where a record carries no tag) for a separate tag head of ``num_tags`` classes on
@@ -175,6 +186,11 @@ class TrainingRequest(Request):
             return
         if self.num_tags < 2:
             raise ValueError(f"num_tags must be >= 2 when tags are given, got {self.num_tags}")
+        if self.architecture.is_softmax_regression:
+            raise ValueError(
+                "tags need the shared encoder of an MLP (UniAud++'s tag head sits on its hidden layer), "
+                "got hidden_width=0 (softmax regression); set hidden_width >= 1"
+            )
         n = self.features.shape[0]
         if self.tags.ndim != 2 or self.tags.shape[0] != n or self.tags.shape[1] < 1 or self.tags.dtype != np.int64:
             raise ValueError(

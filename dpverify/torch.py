@@ -208,6 +208,7 @@ def build_mlp(
     init, drawn from a generator seeded with ``seed`` (default: the request's init seed).
 
     Without tags: ``Linear, ReLU, Linear`` in an ``nn.Sequential``; parameters in order W1, b1, W2, b2.
+    Softmax regression (``hidden_width=0``): ``Sequential(Linear(d, C))``, weight and bias zero.
     With tags: a :class:`MultiTaskMLP` (encoder, main head, tag head, initialised in that order)."""
     if seed is None:
         seed = seeds_for(request.seed).init
@@ -218,6 +219,10 @@ def build_mlp(
             model: nn.Module = MultiTaskMLP(
                 request.dimension, request.architecture.hidden_width, request.num_classes, request.num_tags
             )
+        elif request.architecture.is_softmax_regression:
+            model = nn.Sequential(nn.Linear(request.dimension, request.num_classes))
+            nn.init.zeros_(model[0].weight)
+            nn.init.zeros_(model[0].bias)
         else:
             model = nn.Sequential(
                 nn.Linear(request.dimension, request.architecture.hidden_width),

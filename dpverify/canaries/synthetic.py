@@ -2,7 +2,9 @@
 
 Features are random (``orthogonal``: unit-norm isotropic rows, distributed exactly as the paper's
 unit-norm coefficients times the orthonormal Q of a QR, nearly orthogonal while m ≤ d; ``gaussian``:
-i.i.d. Gaussian rows), labels are uniform over C classes, and every canary also gets a *comparison*
+i.i.d. Gaussian rows; ``dirac``: canary j is ``feature_scale · e_j``, so each canary owns one input
+coordinate and, in softmax regression, one column of weights that no other canary touches), labels are
+uniform over C classes, and every canary also gets a *comparison*
 label drawn uniformly from the other C − 1 classes. The pair (label, comparison label) is therefore
 uniform over ordered pairs of distinct classes and exchangeable given the features: the paper's Property 1
 (label independence), which is what makes the self-comparison score's guesses obey Theorem 1. Drawing
@@ -20,17 +22,18 @@ import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_real
 
-CanaryMode = Literal["orthogonal", "gaussian"]
-CANARY_MODES: tuple[str, ...] = ("orthogonal", "gaussian")
+CanaryMode = Literal["orthogonal", "gaussian", "dirac"]
+CANARY_MODES: tuple[str, ...] = ("orthogonal", "gaussian", "dirac")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CanaryConfig:
     """How many canaries and what they look like.
 
-    ``feature_scale`` is the typical row norm in both modes (orthogonal rows have exactly this norm;
-    Gaussian rows are N(0, scale²/d) per coordinate). Unit-norm features barely get memorised by plain
-    SGD; a scale near 10 lets a non-private run reach ε_L close to ε_O.
+    ``feature_scale`` is the typical row norm in every mode (orthogonal and Dirac rows have exactly this
+    norm; Gaussian rows are N(0, scale²/d) per coordinate). Unit-norm features barely get memorised by
+    plain SGD; a scale near 10 lets a non-private run reach ε_L close to ε_O. Dirac canaries need
+    ``dimension >= m``.
     """
 
     m: int = 1000
@@ -45,6 +48,11 @@ class CanaryConfig:
         check_int("num_classes", self.num_classes, low=2)
         check_choice("mode", self.mode, CANARY_MODES)
         check_real("feature_scale", self.feature_scale, low=0.0, low_open=True)
+        if self.mode == "dirac" and self.dimension < self.m:
+            raise ValueError(
+                f"dirac canaries own one input coordinate each, so dimension must be >= m, got "
+                f"dimension={self.dimension}, m={self.m}; set dimension={self.m}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,6 +86,9 @@ def make_canaries(config: CanaryConfig, *, rng: np.random.Generator) -> Canaries
         features = rng.standard_normal((m, d), dtype=np.float32)  # float32 throughout: half the memory
         norms = np.sqrt(np.einsum("ij,ij->i", features, features, dtype=np.float64))
         features *= (config.feature_scale / norms).astype(np.float32)[:, None]
+    elif config.mode == "dirac":
+        features = np.zeros((m, d), dtype=np.float32)
+        features[np.arange(m), np.arange(m)] = config.feature_scale
     else:
         features = rng.standard_normal((m, d), dtype=np.float32)
         features *= np.float32(config.feature_scale / np.sqrt(d))

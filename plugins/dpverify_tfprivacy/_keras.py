@@ -158,6 +158,7 @@ def _quiet_initialiser_seeding():
 
 def build_mlp(request: TrainingRequest, *, model_class: Callable[..., tf.keras.Model] = tf.keras.Model) -> tf.keras.Model:
     """The designated ``d -> h -> C`` ReLU MLP with Keras' default (seeded) initialisation; outputs logits.
+    Softmax regression (``hidden_width=0``): one ``Dense(C)`` starting at zero.
 
     With tags: the shared encoder ``Dense(h, relu)``, the main head ``Dense(C)`` and a separate tag head
     ``Dense(|E|)`` (initialised in that order, as :class:`dpverify.torch.MultiTaskMLP`), concatenated into
@@ -166,6 +167,11 @@ def build_mlp(request: TrainingRequest, *, model_class: Callable[..., tf.keras.M
     width = request.architecture.hidden_width
     with _quiet_initialiser_seeding():
         features = tf.keras.Input(shape=(request.dimension,), dtype=tf.float32)
+        if request.architecture.is_softmax_regression:
+            logits = tf.keras.layers.Dense(
+                request.num_classes, kernel_initializer="zeros", bias_initializer="zeros", name="main_head"
+            )(features)
+            return model_class(inputs=features, outputs=logits)
         hidden = tf.keras.layers.Dense(width, activation="relu", name="encoder")(features)
         main = tf.keras.layers.Dense(request.num_classes, name="main_head")(hidden)
         if not request.num_tags:
