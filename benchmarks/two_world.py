@@ -107,8 +107,10 @@ def finding(args: argparse.Namespace) -> None:
         ("opacus-dataloader", 2, "B = round(q·N): 2 vs 3"),
         ("opacus-dataloader-b2", 2, "B = 2 (Opacus #571's setting)"),
         ("opacus-dataloader-b64", 64, "B = 64, N = B vs B + 1"),
-        ("opacus-ghost", 2, "loader of 1/q batches"),
-        ("reference-dpsgd", 2, "normaliser q·N"),
+        ("opacus-ghost", 2, "designated normaliser q·|D|"),
+        ("opacus-hooks", 2, "designated normaliser q·|D|"),
+        ("reference-dpsgd", 2, "designated normaliser q·|D|"),
+        ("tf-privacy-keras", 2, "realised batch size (TF-Privacy's own)"),
     ]
     lines = header(
         "Two-world audit: does the dataset's size leak? (Opacus #571, #819)",
@@ -135,8 +137,12 @@ def finding(args: argparse.Namespace) -> None:
         "What each run derives from its dataset (Opacus 1.6.0 `make_private`: q = 1/len(loader), "
         "expected_batch_size = int(len(dataset)·q); the user's loop runs len(loader) steps an epoch):",
         "",
-        "- `opacus-dataloader` (B = round(q·N)), `opacus-ghost` (a loader of 1/q batches) and `reference-dpsgd` "
-        "(q·N): q = 1 and one step in both worlds, normaliser 2 vs 3, so the noise on every output differs by 3/2;",
+        "- `opacus-dataloader` (B = round(q·N)): q = 1 and one step in both worlds, normaliser int(N·q) = 2 vs 3, "
+        "so the noise on every output differs by 3/2;",
+        "- `opacus-ghost`, `opacus-hooks` (a loader of 1/q batches) and `reference-dpsgd`: the audit designates the "
+        "public normaliser q·|D| = 2 (`DPHyperparameters.expected_batch_size`) and they divide by it in both worlds;",
+        "- `tf-privacy-keras`: TF-Privacy's optimizer divides by the realised batch size, which at q = 1 is N "
+        "(2 vs 3); it has no setting for a designated normaliser;",
         "- `opacus-dataloader-b2`: D has q = 1, normaliser 2, one step; D′ has q = 1/2, normaliser int(3/2) = 1, "
         "two steps (Opacus #571's setting), and Opacus claims a different ε for D′;",
         "- `opacus-dataloader-b64`: D has q = 1, normaliser 64, one step; D′ has q = 1/2, normaliser 32, two steps.",

@@ -120,6 +120,7 @@ HYPERPARAMETER_FIELDS = (
     "epochs",
     "learning_rate",
     "delta",
+    "expected_batch_size",
 )
 TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout")
 GUESS_FIELDS = ("guesses", "sides")

@@ -84,6 +84,12 @@ class DPHyperparameters:
     Exactly one of ``noise_multiplier`` (σ; 0 means non-private training) and ``target_epsilon`` (the
     implementation calibrates σ with its own accountant) is given. Training takes
     ``epochs * round(1 / sampling_rate)`` Poisson-sampled steps, see :attr:`steps`.
+
+    ``expected_batch_size`` is the public constant the noisy sum is divided by. DP-SGD's add/remove
+    guarantee needs it independent of the private dataset: a normaliser q·N reveals N, the size of the
+    dataset (Opacus #571). ``None`` lets the implementation use q·N, which is harmless where the auditor
+    fixes N (a one-run audit's canaries); an audit that compares datasets of different sizes designates
+    it, the same number in both, see :meth:`normaliser`.
     """
 
     noise_multiplier: float | None = None
@@ -93,6 +99,7 @@ class DPHyperparameters:
     epochs: int = 20
     learning_rate: float = 0.5
     delta: float = 1e-5
+    expected_batch_size: float | None = None
 
     def __post_init__(self) -> None:
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
@@ -109,6 +116,15 @@ class DPHyperparameters:
         check_int("epochs", self.epochs, low=1)
         check_real("learning_rate", self.learning_rate, low=0.0, low_open=True)
         check_real("delta", self.delta, low=0.0, high=1.0, low_open=True, high_open=True)
+        if self.expected_batch_size is not None:
+            check_real("expected_batch_size", self.expected_batch_size, low=0.0, low_open=True)
+
+    def normaliser(self, num_records: int) -> float:
+        """What the noisy sum of a step is divided by: the designated :attr:`expected_batch_size`, else
+        q·``num_records``."""
+        if self.expected_batch_size is not None:
+            return self.expected_batch_size
+        return self.sampling_rate * num_records
 
     @property
     def steps_per_epoch(self) -> int:

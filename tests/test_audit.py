@@ -132,6 +132,14 @@ def test_config_overrides_are_routed_and_unknown_ones_rejected():
         AuditConfig(design="triple")
 
 
+def test_a_designated_normaliser_is_a_setting_checked_at_the_door():
+    config = profile_config("quick", expected_batch_size=50)
+    assert config.hyperparameters.expected_batch_size == 50 and config.hyperparameters.normaliser(1000) == 50
+    assert profile_config("quick").hyperparameters.normaliser(1000) == 1000  # q·N, q = 1
+    with pytest.raises(ValueError, match=r"expected_batch_size must be in \(0, inf\], got -1"):
+        profile_config("quick", expected_batch_size=-1)
+
+
 def test_package_exports_load_lazily():
     code = (
         "import sys, dpverify; light = 'numpy' not in sys.modules; "

@@ -8,6 +8,7 @@ SE = std / sqrt(2n), and allow 5 SE: a correct implementation fails one with pro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from dpverify.torch import (  # noqa: E402
     resolve_device,
     seeds_for,
 )
+from dpverify_opacus._dataloader import UserDataLoader  # noqa: E402
 from dpverify_opacus._training import backward_batch, build_run  # noqa: E402
 from dpverify_reference import accounting  # noqa: E402
 from dpverify_reference.dpsgd import clipped_gradient_sum, dp_sgd_step  # noqa: E402
@@ -463,6 +465,38 @@ def test_realised_batch_norm_divides_by_the_rows_of_the_step():
         run = one_step(name, request, rows)
         for p in run.optimizer.params:
             torch.testing.assert_close(p.grad * divisor, p.summed_grad, rtol=1e-6, atol=1e-8)
+
+
+def _with_normaliser(request, expected_batch_size):
+    hp = dataclasses.replace(request.hyperparameters, expected_batch_size=expected_batch_size)
+    return dataclasses.replace(request, hyperparameters=hp)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "hooks"])
+def test_opacus_divides_by_the_designated_normaliser_and_the_tutorial_loader_by_its_own(mode):
+    """A designated expected_batch_size replaces Opacus' int(N·q) (here 10); Opacus as its tutorials call
+    it keeps int(N·q), the normaliser that reads the dataset's size (Opacus #571)."""
+    request = _with_normaliser(wide_request(feature_scale=3.0, noise_multiplier=0.0), 25.0)
+    impl = get_implementation(f"opacus-{mode}")
+    run = one_step(impl, request, np.arange(7), mode=mode)
+    assert run.optimizer.expected_batch_size == 25.0
+    for p in run.optimizer.params:
+        torch.testing.assert_close(p.grad * 25.0, p.summed_grad, rtol=1e-6, atol=1e-8)
+    tutorial = build_run(request, name="opacus-dataloader", grad_sample_mode=mode, tweak=UserDataLoader(10))
+    assert tutorial.optimizer.expected_batch_size == 10
+
+
+def test_reference_divides_by_the_designated_normaliser():
+    """Softmax regression starts at zero, so without noise one full-batch step's logits are the clipped
+    sum over the normaliser: designating 4 instead of q·N = 2 halves them."""
+    request = conformance.small_request(
+        num_records=2, dimension=4, hidden_width=0, num_classes=3, noise_multiplier=0.0, sampling_rate=1.0
+    )
+    impl = get_implementation("reference-dpsgd")
+    plain = impl.train(request).predict_log_proba(request.features)
+    halved = impl.train(_with_normaliser(request, 4.0)).predict_log_proba(request.features)
+    logits = lambda log_probs: log_probs - log_probs.mean(axis=1, keepdims=True)  # noqa: E731
+    np.testing.assert_allclose(logits(halved), logits(plain) / 2, rtol=1e-5, atol=1e-7)
 
 
 def test_accountant_steps_variant_trains_the_same_but_claims_less():

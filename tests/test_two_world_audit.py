@@ -91,14 +91,30 @@ def test_opacus_without_noise_is_caught_by_a_two_world_audit():
     assert result.bound.gdp_mu_lower_bound > result.claimed_mu
 
 
-def test_dataset_size_world_sees_a_normaliser_that_reads_the_dataset_size(cached_reference_claims):
-    """The reference divides the noisy sum by q·N, N the size of the private dataset: 2 vs 3 records scale
-    the noise by 3/2 on 1024 outputs, which the spread of the log-probabilities tells apart in every run."""
+def test_a_designated_normaliser_keeps_the_dataset_size_private(cached_reference_claims):
+    """The audit designates q·|D| as the public normaliser in both worlds, so the reference's noise is the
+    same whether it trains on 2 or 3 records: no false alarm in the world built to see N."""
     hp = DPHyperparameters(noise_multiplier=10.0, **FULL_BATCH)
     world = dataset_size_worlds(records=2, num_classes=1024)
     result = run_two_world_audit(
         cached_reference_claims, world=world, runs=20, hyperparameters=hp, architecture=MLPArchitecture(hidden_width=256)
     )
+    assert result.verdict == "pass", result
+
+
+def test_dataset_size_world_sees_a_normaliser_that_reads_the_dataset_size():
+    """bugs.md row 7: dividing by the realised batch (at q = 1 the dataset's size) instead of the
+    designated normaliser scales the noise by 3/2 between 2 and 3 records on 1024 outputs, which the
+    spread of the log-probabilities tells apart in every run."""
+    pytest.importorskip("opacus")
+    from dpverify_opacus import variant
+
+    hp = DPHyperparameters(noise_multiplier=10.0, **FULL_BATCH)
+    world = dataset_size_worlds(records=2, num_classes=1024)
+    result = run_two_world_audit(
+        variant("opacus-realised-batch-norm"), world=world, runs=20, hyperparameters=hp,
+        architecture=MLPArchitecture(hidden_width=256),
+    )  # fmt: skip
     assert result.verdict == "violation", result
     assert max(result.scores_dprime) < min(result.scores_d)
 

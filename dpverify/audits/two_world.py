@@ -9,6 +9,7 @@ reveals the dataset's size (Opacus #571), or the whole trade-off curve near its 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -128,8 +129,16 @@ def run_two_world_audit(
     training when no curve test can apply. ``curve_for_claim`` gives the trade-off curve a claim asserts
     (the default only for full batches, where GDP is exact; ``None``: no curve test); plug in another to
     test a curve for q < 1.
+
+    The audit designates the public normaliser: unless ``hyperparameters`` carries an
+    ``expected_batch_size``, every run in both worlds is asked to divide by q·|D|, so that a correct
+    implementation's noise does not depend on which world it trains on; one that reads N anyway (Opacus
+    called as its tutorials do) shows it.
     """
     runs = check_int("runs", runs, low=2)
+    if hyperparameters.expected_batch_size is None:
+        public = hyperparameters.sampling_rate * world.labels_d.size
+        hyperparameters = dataclasses.replace(hyperparameters, expected_batch_size=public)
     check_probability("confidence", confidence)
     delta = hyperparameters.delta
     say = progress or (lambda message: None)

@@ -25,7 +25,10 @@ from dpverify_opacus._training import Tweak, backward_batch, build_run, claim_fr
 
 
 class UserDataLoader(Tweak):
-    """The user's ``DataLoader(dataset, batch_size=B)``, its order and batches left to Opacus' Poisson sampler."""
+    """The user's ``DataLoader(dataset, batch_size=B)``, its order and batches left to Opacus' Poisson sampler,
+    and Opacus' normaliser int(N·q) left as ``make_private`` sets it (a designated one is not used)."""
+
+    designated_normaliser = False
 
     def __init__(self, batch_size: int):
         self.batch_size = batch_size

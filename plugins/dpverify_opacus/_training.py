@@ -57,6 +57,9 @@ class Tweak:
     poisson_sampling: bool = True
     #: the neighbouring relation the claim names.
     relation: str = "add_remove"
+    #: ``True``: the DPOptimizer divides by the request's designated ``expected_batch_size`` when it has
+    #: one (its public attribute, which ``make_private`` sets to int(N·q)); ``False``: Opacus' own int(N·q).
+    designated_normaliser: bool = True
     #: grad_sample_modes the tweak is written for.
     supported_modes: tuple[str, ...] = GRAD_SAMPLE_MODES
 
@@ -155,7 +158,8 @@ def build_run(
     task: Task = CLASSIFICATION,
 ) -> OpacusRun:
     """Everything up to the first step: the task's model, SGD, ``PrivacyEngine(accountant="rdp").make_private``
-    with Poisson sampling, seeded sampling and noise generators, then the tweak applied."""
+    with Poisson sampling, seeded sampling and noise generators, the designated normaliser, then the tweak
+    applied."""
     tweak = tweak if tweak is not None else Tweak()
     if grad_sample_mode not in GRAD_SAMPLE_MODES:
         raise ValueError(f"{name}: grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, got {grad_sample_mode!r}")
@@ -196,6 +200,8 @@ def build_run(
     else:
         module, optimizer, dp_loader = made
         criterion = task.criterion(request)
+    if hp.expected_batch_size is not None and tweak.designated_normaliser:
+        optimizer.expected_batch_size = hp.expected_batch_size
     run = OpacusRun(
         request=request,
         name=name,

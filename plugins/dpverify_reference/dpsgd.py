@@ -115,7 +115,7 @@ def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") 
     features, targets = as_tensors(request, device)
     criterion = training_criterion(request, reduction="none")
     noise_generator = torch.Generator(device=device).manual_seed(seeds.noise)
-    expected_batch_size = hp.sampling_rate * request.num_records
+    expected_batch_size = hp.normaliser(request.num_records)
 
     taken = 0
     with fast_math():

@@ -36,7 +36,7 @@ _NOTES = (
     "pipeline samples each record independently with probability q every step, so the accountant's "
     "assumption holds. Normalisation: the optimizer divides the noisy sum by the number of microbatches, "
     "i.e. the realised batch size, not the constant qN (the behaviour of bugs.md row 7, D2-D3); that is "
-    "TF-Privacy's real behaviour and is kept. An empty Poisson batch (probability (1-q)^N) skips the "
+    "TF-Privacy's real behaviour and is kept, so a designated expected_batch_size goes unused (the optimizer has no setting for it). An empty Poisson batch (probability (1-q)^N) skips the "
     "update, because the optimizer cannot take a batch of size 0. Claim: add/remove ε from "
     "tensorflow_privacy.compute_dp_sgd_privacy (RDP); microbatches of one example need no doubling of "
     "the sensitivity. Multi-task requests (UniAud++): a separate tag head on the shared encoder, one "
