@@ -231,6 +231,26 @@ def test_reference_claim_is_dp_accounting():
     assert claim.epsilon == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-9)
 
 
+def test_claims_are_computed_once_per_history_and_equal_a_fresh_accountants():
+    """The accountants are memoised (a two-world audit repeats one claim thousands of times): a second run
+    with the same (σ, q, steps, δ) is served from the cache, with the numbers a fresh accountant states."""
+    from dpverify_opacus._training import stated_epsilons
+
+    request = conformance.small_request(noise_multiplier=1.7)
+    first = get_implementation("opacus-ghost").train(request).claim
+    hits = stated_epsilons.cache_info().hits
+    again = get_implementation("opacus-hooks").train(dataclasses.replace(request, seed=5)).claim
+    assert stated_epsilons.cache_info().hits == hits + 1 and again.epsilon == first.epsilon
+    rdp = RDPAccountant()
+    rdp.history = [(1.7, 0.1, 10)]
+    assert first.epsilon == rdp.get_epsilon(1e-5)
+    hits = accounting.pld_epsilon.cache_info().hits
+    reference = get_implementation("reference-dpsgd")
+    claims = [reference.train(dataclasses.replace(request, seed=seed)).claim for seed in (1, 2)]
+    assert accounting.pld_epsilon.cache_info().hits >= hits + 1 and claims[0] == claims[1]
+    assert claims[0].epsilon == accounting._epsilon("rdp", 1.7, 0.1, 10, 1e-5)
+
+
 @pytest.mark.parametrize("target, q, steps", [(1.0, 0.1, 10), (8.0, 0.1, 500), (0.5, 0.01, 1000)])
 def test_reference_calibration_within_one_percent_below(target, q, steps):
     sigma = accounting.calibrate_noise_multiplier(target, q, steps, 1e-5)
