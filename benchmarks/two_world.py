@@ -251,21 +251,28 @@ def _load() -> str:
 
 
 def speed(args: argparse.Namespace) -> None:
-    """Seconds per 1000 runs of the worst-case world (one record, tiny MLP, one full-batch step)."""
-    world = worst_case_record_worlds(records=1, relation="replace_one")
-    hp = DPHyperparameters(noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=1.0, delta=DELTA)
+    """Seconds per 1000 runs on the small two-world model: softmax regression d → 2 from zero, the
+    replace-one worst case, one full-batch step. ``NAME:R`` measures NAME with R runs per world."""
+    world = worst_case_record_worlds(records=1, relation="replace_one", dimension=args.dimension)
+    hp = DPHyperparameters(noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=0.05, delta=DELTA)
     lines = header(
         "Two-world audit: seconds per 1000 runs",
         args,
-        [f"- world: {world.name}; σ = 2, q = 1, 1 step; MLP 16 → 16 → 2; {args.runs} runs per world"],
+        [
+            f"- world: {world.name}; σ = 2, q = 1, 1 step, lr 0.05; softmax regression {args.dimension} → 2 "
+            "(hidden_width=0, zero init); accountants memoised per distinct claim (the first run computes it)",
+        ],
     )
-    lines += ["| implementation | s per 1000 runs (training, claim, black box, score) |", "|---|---|"]
-    for name in args.implementations:
+    lines += ["| implementation | runs per world | s per 1000 runs (training, claim, black box, score) |", "|---|---|---|"]
+    for token in args.implementations:
+        name, _, runs = token.partition(":")
         result = run_two_world_audit(
-            implementation(name), world=world, runs=args.runs, hyperparameters=hp,
-            architecture=MLPArchitecture(hidden_width=16), seed=0,
+            implementation(name), world=world, runs=int(runs or args.runs), hyperparameters=hp,
+            architecture=MLPArchitecture(hidden_width=0), seed=0,
         )  # fmt: skip
-        lines.append(f"| {name} | {1000 * result.seconds_per_run:.1f} |")
+        if result.verdict == "error":
+            raise SystemExit(result.error)
+        lines.append(f"| {name} | {result.runs} | {1000 * result.seconds_per_run:.1f} |")
         print(lines[-1], flush=True)
     _write(args.output or "two-world-speed.md", lines)
 
