@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dpverify.audits.two_world import full_batch_gdp_mu, run_two_world_audit
-from dpverify.canaries.worlds import TwoWorlds, dataset_size_worlds, worst_case_record_worlds
+from dpverify.canaries.worlds import TwoWorldConfig, TwoWorlds, dataset_size_worlds, realised_batch_worlds, worst_case_record_worlds
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.stats.two_world import two_world_ceiling
 from tests.doubles import Broken, Oblivious
@@ -16,7 +16,11 @@ SMALL = MLPArchitecture(hidden_width=16)
 
 @pytest.mark.parametrize("records", [1, 3])
 def test_add_remove_worlds_are_d_plus_one_record(records):
-    for world in (dataset_size_worlds(records=records, num_classes=8), worst_case_record_worlds(records=records)):
+    for world in (
+        dataset_size_worlds(records=records, num_classes=8),
+        realised_batch_worlds(records=records, num_classes=8),
+        worst_case_record_worlds(records=records),
+    ):
         (x, y), (xp, yp) = world.dataset("d"), world.dataset("dprime")
         assert world.relation == "add_remove" and xp.shape == (records + 1, x.shape[1]) and yp.shape == (records + 1,)
         np.testing.assert_array_equal(xp[:records], x)
@@ -111,6 +115,25 @@ def test_dataset_size_world_sees_a_normaliser_that_reads_the_dataset_size():
     )  # fmt: skip
     assert result.verdict == "violation", result
     assert max(result.scores_dprime) < min(result.scores_d)
+
+
+def test_the_realised_batch_world_sees_a_normaliser_that_reads_the_sampled_batch():
+    """bugs.md row 7 at q = 1/2: with one record in D, only D′ ever has a batch of two, whose noise a
+    realised-batch normaliser halves; the correct path divides by the designated q·|D| and passes."""
+    pytest.importorskip("opacus")
+    from dpverify.registry import get_implementation
+    from dpverify_opacus import variant
+
+    world = TwoWorldConfig(world="realised_batch", records=1, outputs=1024).worlds()
+    assert world.name == "realised-batch-1-vs-2" and "row 7" in world.targets
+    hp = DPHyperparameters(noise_multiplier=3.0, sampling_rate=0.5, epochs=1, learning_rate=1.0)
+    outcome = {}
+    for impl in (variant("opacus-realised-batch-norm"), get_implementation("opacus-ghost")):
+        outcome[impl.info.name] = run_two_world_audit(
+            impl, world=world, runs=200, hyperparameters=hp, architecture=MLPArchitecture(hidden_width=0)
+        )
+    assert outcome["opacus-realised-batch-norm"].verdict == "violation", outcome
+    assert outcome["opacus-ghost"].verdict == "pass", outcome
 
 
 @pytest.mark.slow

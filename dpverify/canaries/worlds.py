@@ -9,6 +9,7 @@ bug class a world targets, and why it should show there, is said by its construc
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,15 @@ import numpy as np
 from dpverify._validation import check_choice, check_int, check_real
 from dpverify.contract import RELATIONS
 
-__all__ = ["SCORES", "WORLD_KINDS", "TwoWorldConfig", "TwoWorlds", "dataset_size_worlds", "worst_case_record_worlds"]
+__all__ = [
+    "SCORES",
+    "WORLD_KINDS",
+    "TwoWorldConfig",
+    "TwoWorlds",
+    "dataset_size_worlds",
+    "realised_batch_worlds",
+    "worst_case_record_worlds",
+]
 
 #: ``output_spread``: the standard deviation of the log-probabilities over the classes, averaged over the
 #: probes (grows with the size of the last update, noise included); ``target_log_prob``: the log-probability
@@ -121,6 +130,27 @@ def dataset_size_worlds(*, records: int = 2, dimension: int = 1, num_classes: in
     )
 
 
+def realised_batch_worlds(*, records: int = 1, dimension: int = 1, num_classes: int = 1024) -> TwoWorlds:
+    """The dataset-size construction (``records`` copies of a point, D′ one copy more, scored by the spread
+    of the log-probabilities), named and sized for a normaliser that reads the *sampled* batch: audit it at
+    q < 1 with the normaliser designated (the two-world audit does).
+
+    Targets bugs.md row 7 in its realised-batch form (Opacus #420, #571; TF-Privacy's optimizer divides by
+    the number of microbatches it is handed): dividing the noisy sum by the realised batch size B_t scales
+    step t's noise by 1/B_t, and B_t is Binomial(N, q) with N = |D| or |D| + 1. With one record in D, D's
+    batches hold at most one record and its noise is never scaled down, while D′ has a batch of two with
+    probability q² a step; on many outputs the spread measures the noise's size in every run, so those
+    steps show (the construction of Opacus #571, taken to q < 1). A designated normaliser keeps the noise
+    the same in both worlds, so a correct implementation moves the score only by the clipped gradient.
+    """
+    world = dataset_size_worlds(records=records, dimension=dimension, num_classes=num_classes)
+    return dataclasses.replace(
+        world,
+        name=f"realised-batch-{records}-vs-{records + 1}",
+        targets="bugs.md row 7 (Opacus #420, #571): a noisy sum divided by the realised batch size",
+    )
+
+
 def worst_case_record_worlds(
     *,
     records: int = 1,
@@ -176,13 +206,18 @@ def worst_case_record_worlds(
 
 
 #: The crafted worlds by name, as the two-world design selects them.
-WORLD_KINDS: tuple[str, ...] = ("dataset_size", "worst_case_record")
+WORLD_MAKERS = {
+    "dataset_size": dataset_size_worlds,
+    "realised_batch": realised_batch_worlds,
+    "worst_case_record": worst_case_record_worlds,
+}
+WORLD_KINDS: tuple[str, ...] = tuple(WORLD_MAKERS)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TwoWorldConfig:
-    """The two-world design's part of an audit: the crafted ``world`` (``dataset_size`` or
-    ``worst_case_record``, see their constructors), ``records`` in D, the model's ``outputs`` (classes) and
+    """The two-world design's part of an audit: the crafted ``world`` (``dataset_size``, ``realised_batch``
+    or ``worst_case_record``, see their constructors), ``records`` in D, the model's ``outputs`` (classes) and
     ``runs`` trainings on each of D and D′. The defaults are the setting that finds Opacus #571: 2 vs 3
     records and 1024 outputs, 60 runs per world. Add/remove neighbours."""
 
@@ -199,5 +234,4 @@ class TwoWorldConfig:
 
     def worlds(self) -> TwoWorlds:
         """The two datasets this part designates."""
-        make = dataset_size_worlds if self.world == "dataset_size" else worst_case_record_worlds
-        return make(records=self.records, num_classes=self.outputs)
+        return WORLD_MAKERS[self.world](records=self.records, num_classes=self.outputs)
