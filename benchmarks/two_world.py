@@ -4,6 +4,8 @@
     python benchmarks/two_world.py false-alarms  # many audits of correct implementations
     python benchmarks/two_world.py power         # ε_L against the claim of a correct Gaussian mechanism
     python benchmarks/two_world.py speed         # seconds per 1000 runs
+    python benchmarks/two_world.py catalog       # bugs.md rows 6, 7, 9, 11, 12 against the correct path
+    python benchmarks/two_world.py shuffle-gap   # the Poisson claim against a shuffled run's final sum
 
 Each writes a table to ``benchmarks/results/two-world*.md``. The reference and Opacus memoise their
 accountants' ε per distinct (σ, q, steps, δ) in the process (pure functions that cost more than a small
@@ -13,18 +15,20 @@ model's training), so only a run's first claim is computed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
 import platform
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from scipy import stats
 
 from dpverify.audits.two_world import TwoWorldResult, run_two_world_audit
-from dpverify.canaries.worlds import dataset_size_worlds, worst_case_record_worlds
+from dpverify.canaries.worlds import TwoWorlds, dataset_size_worlds, realised_batch_worlds, worst_case_record_worlds
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.registry import get_implementation
 from dpverify.stats.bounds import _gdp_epsilon
@@ -277,6 +281,105 @@ def speed(args: argparse.Namespace) -> None:
     _write(args.output or "two-world-speed.md", lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class CatalogCase:
+    """One bugs.md row's variant in a world built for its bug class, with the correct path as control."""
+
+    row: int
+    variant: str
+    world: Callable[[], TwoWorlds]
+    setting: str
+    hyperparameters: DPHyperparameters
+    runs: int
+
+
+def _catalog_cases() -> list[CatalogCase]:
+    """The settings, fixed before any run: softmax regression (zero init) unless the world needs a spread."""
+    sigma2 = 2 / _mu_for_epsilon(2.0)  # replace-one GDP ε = 2 for one full-batch step
+    lr = 0.07  # times 1/(σC): the logit margin's noise sd ≈ 1
+    return [
+        CatalogCase(6, "opacus-duplicated-rows", lambda: worst_case_record_worlds(relation="replace_one", dimension=2),
+                    f"q = 1, 1 step, σ = {sigma2:.3f} (claimed GDP ε 2)", DPHyperparameters(noise_multiplier=sigma2, sampling_rate=1.0, epochs=1, learning_rate=lr / sigma2, delta=DELTA), 500),
+        CatalogCase(7, "opacus-realised-batch-norm", lambda: dataset_size_worlds(records=2, num_classes=1024),
+                    "q = 1, 1 step, σ = 3, 2 vs 3 records, 1024 outputs", DPHyperparameters(noise_multiplier=3.0, sampling_rate=1.0, epochs=1, learning_rate=1.0, delta=DELTA), 200),
+        CatalogCase(7, "opacus-realised-batch-norm", lambda: realised_batch_worlds(records=1, num_classes=1024),
+                    "q = 1/2, 2 steps, σ = 3, 1 vs 2 records, 1024 outputs", DPHyperparameters(noise_multiplier=3.0, sampling_rate=0.5, epochs=1, learning_rate=1.0, delta=DELTA), 200),
+        CatalogCase(9, "opacus-shuffled-batches", lambda: worst_case_record_worlds(records=2, dimension=2),
+                    "q = 1/2, 2 steps, σ = 1, add/remove, 2 base records", DPHyperparameters(noise_multiplier=1.0, sampling_rate=0.5, epochs=1, learning_rate=lr, delta=DELTA), 500),
+        CatalogCase(11, "opacus-microbatches", lambda: worst_case_record_worlds(dimension=2),
+                    "q = 1, 1 step, σ = 2, add/remove (D′ pairs the base record with x*)", DPHyperparameters(noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=lr / 2, delta=DELTA), 500),
+        CatalogCase(12, "opacus-reused-noise", lambda: worst_case_record_worlds(relation="replace_one", dimension=2),
+                    f"q = 1, 4 steps, σ = {2 * sigma2:.3f} (claimed GDP ε 2)", DPHyperparameters(noise_multiplier=2 * sigma2, sampling_rate=1.0, epochs=4, learning_rate=lr / (2 * sigma2), delta=DELTA), 500),
+    ]  # fmt: skip
+
+
+def catalog(args: argparse.Namespace) -> None:
+    """bugs.md rows 6, 7, 9, 11, 12: each variant and the correct opacus-ghost, two-world audits at seeds
+    0 … ``--audits`` − 1, in a world built for the row's bug class."""
+    lines = header(
+        "Two-world audits of the catalog's subtle rows (bugs.md 6, 7, 9, 11, 12)",
+        args,
+        [
+            "- each row's Opacus variant and, as control, the correct `opacus-ghost` in the same world and setting; "
+            f"audit seeds 0 … {args.audits - 1}; 95 % confidence per audit, shared by the (ε, δ) and the GDP tests "
+            "(GDP only at q = 1); the audit designates the normaliser q·|D|",
+            "- softmax regression (hidden_width=0, zero init) on d = 2 for the worst-case worlds (x* = 10·e₁, "
+            "lr = 0.07/(σC)); d = 1 and 1024 outputs for the dataset-size world",
+        ],
+    )
+    lines += [
+        "| row | implementation | world | setting | runs per world | violations | ε_L (min – max) | μ_L (min – max) | claimed ε / μ | s/run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in _catalog_cases():
+        for name in (case.variant, "opacus-ghost"):
+            results = [
+                run_two_world_audit(
+                    implementation(name), world=case.world(), runs=case.runs, hyperparameters=case.hyperparameters,
+                    architecture=MLPArchitecture(hidden_width=0), confidence=0.95, seed=seed,
+                )
+                for seed in range(args.audits)
+            ]  # fmt: skip
+            errors = [r for r in results if r.verdict == "error"]
+            if errors:
+                raise SystemExit(f"{name}: {errors[0].error}")
+            eps = [r.epsilon_lower_bound for r in results]
+            mus = [r.bound.gdp_mu_lower_bound for r in results]
+            mu_claim = "–" if results[0].claimed_mu is None else f"{results[0].claimed_mu:.3f}"
+            lines.append(
+                f"| {case.row} | {name} | {results[0].world} | {case.setting} | {case.runs} | "
+                f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | {_range(eps)} | {_range(mus)} | "
+                f"{results[0].claimed_epsilon:.3f} / {mu_claim} | {np.mean([r.seconds_per_run for r in results]):.4f} |"
+            )
+            print(lines[-1], flush=True)
+    _write(args.output or "two-world-catalog.md", lines)
+
+
+def shuffle_gap(args: argparse.Namespace) -> None:
+    """Why a final-model world does not refute shuffling accounted as Poisson (bugs.md row 9) in the linear
+    regime: the shuffled run's final sum holds x*'s clipped gradient exactly E times (once an epoch) under
+    noise of sd σC√T, a Gaussian mechanism with μ = E/(σ√T), whose exact ε is compared with the Poisson
+    claim (dp_accounting's PLD, add/remove) for the same σ, q and T = E/q steps."""
+    from dpverify_reference import accounting
+
+    lines = header(
+        "Shuffled batches accounted as Poisson: what the final model can show",
+        args,
+        ["- add/remove, δ = 1e-05; T = E/q steps; shuffled final sum: GDP μ = E/(σ√T)"],
+    )
+    lines += ["| q | epochs E | steps T | σ | Poisson claim ε (PLD) | shuffled final sum: μ | its ε |", "|---|---|---|---|---|---|---|"]
+    for q in (0.5, 0.25, 0.1):
+        for epochs in (1, 2):
+            steps = round(epochs / q)
+            for sigma in (0.5, 1.0, 2.0):
+                mu = epochs / (sigma * math.sqrt(steps))
+                lines.append(
+                    f"| {q:g} | {epochs} | {steps} | {sigma:g} | {accounting.pld_epsilon(sigma, q, steps, DELTA):.3f} | "
+                    f"{mu:.3f} | {float(_gdp_epsilon(np.asarray(mu), DELTA)):.3f} |"
+                )
+    _write(args.output or "two-world-shuffle.md", lines)
+
+
 def _mu_for_epsilon(epsilon: float) -> float:
     low, high = 1e-3, 50.0
     for _ in range(100):
@@ -299,7 +402,7 @@ def _write(name: str, lines: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("finding", "false-alarms", "power", "speed"))
+    parser.add_argument("what", choices=("finding", "false-alarms", "power", "speed", "catalog", "shuffle-gap"))
     parser.add_argument("--runs", type=int, default=200, help="runs per world")
     parser.add_argument("--audits", type=int, default=100)
     parser.add_argument("--sigma", type=float, default=3.0)
@@ -319,7 +422,15 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    {"finding": finding, "false-alarms": false_alarms, "power": power, "speed": speed}[args.what](args)
+    subcommands = {
+        "finding": finding,
+        "false-alarms": false_alarms,
+        "power": power,
+        "speed": speed,
+        "catalog": catalog,
+        "shuffle-gap": shuffle_gap,
+    }
+    subcommands[args.what](args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Per-audit pictures: member and non-member score histograms, and ε_L against the number of guesses."""
+"""Per-audit pictures: member and non-member score histograms (a two-world audit's: the D and D′ runs'
+scores and the threshold its (ε, δ) test chose), and ε_L against the number of guesses."""
 
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ def save_audit_plots(result: AuditResult, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     figure, (histogram, curve) = plt.subplots(1, 2, figsize=(11, 4))
+    two_world = result.design == "two_world"
     if result.scores is not None and result.membership is not None:
         bins = np.histogram_bin_edges(result.scores, bins=50)
-        for bit, label in ((1, "members (S = +1)"), (-1, "non-members (S = −1)")):
+        labels = ("runs on D′ (+1)", "runs on D (−1)") if two_world else ("members (S = +1)", "non-members (S = −1)")
+        for bit, label in zip((1, -1), labels):
             histogram.hist(result.scores[result.membership == bit], bins=bins, alpha=0.6, label=label)
+        if two_world and result.threshold is not None:
+            histogram.axvline(result.threshold, color="black", linestyle="--", label="threshold of the (ε, δ) test")
         histogram.set_xlabel("score")
-        histogram.set_ylabel("canaries")
+        histogram.set_ylabel("runs" if two_world else "canaries")
         histogram.legend()
     histogram.set_title(f"{result.implementation}: {result.design} design")
     if result.bound_by_guesses:

@@ -47,6 +47,8 @@ class AuditResult:
     utility the audit left the model with (the paper's Case II trade-off).
 
     ``confidence`` is this audit's own level after the session has divided its level among its audits.
+
+    ``threshold`` (two-world design only) is where the (ε, δ) test split the runs' scores.
     """
 
     implementation: str
@@ -64,6 +66,7 @@ class AuditResult:
     curve_refuted: bool = False
     curve_p_value: float | None = None
     curve_mu: float | None = None
+    threshold: float | None = None
     claim_consistent: bool = True
     estimator: str = "steinke"
     confidence: float
@@ -108,6 +111,7 @@ class AuditResult:
             "curve_refuted": self.curve_refuted,
             "curve_p_value": _json_float(self.curve_p_value),
             "curve_mu": _json_float(self.curve_mu),
+            "threshold": _json_float(self.threshold),
             "claim_consistent": self.claim_consistent,
             "confidence": self.confidence,
             "optimal_epsilon": _json_float(self.optimal_epsilon),

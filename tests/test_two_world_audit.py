@@ -223,3 +223,25 @@ def test_the_two_world_design_reaches_the_finding_through_the_marker(pytester):
     )
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*KnownIssueFound: known issue https://github.com/pytorch/opacus/issues/571 found again*", "*opacus-dataloader*two_world*violation K*"])
+
+
+def test_a_two_world_result_reports_and_plots_its_threshold(reference, tmp_path):
+    """The report carries the (ε, δ) test's threshold, and the plot draws the D and D′ scores around it."""
+    pytest.importorskip("matplotlib")
+    from dpverify.audits.two_world import run_two_world_design
+    from dpverify.config import AuditConfig
+    from dpverify.plots import save_audit_plots
+
+    config = AuditConfig(
+        design="two_world",
+        worlds=TwoWorldConfig(world="worst_case_record", runs=20, records=1, outputs=2),
+        architecture=MLPArchitecture(hidden_width=0),
+        hyperparameters=DPHyperparameters(noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=0.05),
+        device="cpu",
+    )
+    result = run_two_world_design(reference, config)
+    scores = result.scores
+    assert result.threshold is not None and scores.min() <= result.threshold <= scores.max()
+    assert result.to_dict()["threshold"] == pytest.approx(result.threshold)
+    path = save_audit_plots(result, tmp_path)
+    assert path.name == "reference-dpsgd-seed0.png" and path.stat().st_size > 0
