@@ -49,7 +49,8 @@ def canary_configs(
     min_feature_scale: float = 3.0,
     max_feature_scale: float = 20.0,
 ) -> st.SearchStrategy[CanaryConfig]:
-    """Canary configurations within the given bounds (inclusive)."""
+    """Canary configurations within the given bounds (inclusive); a Dirac configuration's dimension is at
+    least its m."""
     check_int("min_m", min_m, low=1)
     check_int("min_dimension", min_dimension, low=1)
     check_int("min_classes", min_classes, low=2)
@@ -64,14 +65,20 @@ def canary_configs(
     unknown = set(modes) - set(CANARY_MODES)
     if not modes or unknown:
         raise ValueError(f"modes must be a non-empty subset of {CANARY_MODES}, got {modes!r}")
-    return st.builds(
-        CanaryConfig,
-        m=st.integers(min_m, max_m),
-        dimension=st.integers(min_dimension, max_dimension),
-        num_classes=st.integers(min_classes, max_classes),
-        mode=st.sampled_from(modes),
-        feature_scale=st.floats(min_feature_scale, max_feature_scale),
-    )
+
+    @st.composite
+    def build(draw) -> CanaryConfig:
+        m, mode = draw(st.integers(min_m, max_m)), draw(st.sampled_from(modes))
+        dimension = draw(st.integers(min_dimension, max_dimension))
+        return CanaryConfig(
+            m=m,
+            dimension=max(dimension, m) if mode == "dirac" else dimension,  # a Dirac canary owns a coordinate
+            num_classes=draw(st.integers(min_classes, max_classes)),
+            mode=mode,
+            feature_scale=draw(st.floats(min_feature_scale, max_feature_scale)),
+        )
+
+    return build()
 
 
 def dp_hyperparameters(
@@ -165,7 +172,8 @@ def two_world_configs(
     worlds: tuple[str, ...] = WORLD_KINDS,
 ) -> st.SearchStrategy[TwoWorldConfig]:
     """The two-world design's part: a crafted world, runs per world, records in D (1 to ``max_records``:
-    the tiny datasets where a size-reading normaliser shows) and the model's outputs."""
+    the tiny datasets where a size-reading normaliser shows; even for the microbatch world) and the
+    model's outputs."""
     check_int("min_runs", min_runs, low=2)
     check_int("max_records", max_records, low=1)
     check_int("min_outputs", min_outputs, low=2)
@@ -174,13 +182,21 @@ def two_world_configs(
     unknown = set(worlds) - set(WORLD_KINDS)
     if not worlds or unknown:
         raise ValueError(f"worlds must be a non-empty subset of {WORLD_KINDS}, got {worlds!r}")
-    return st.builds(
-        TwoWorldConfig,
-        world=st.sampled_from(worlds),
-        runs=st.integers(min_runs, max_runs),
-        records=st.integers(1, max_records),
-        outputs=st.integers(min_outputs, max_outputs),
-    )
+    if max_records < 2:  # the microbatch world cuts D into pairs
+        worlds = tuple(w for w in worlds if w != "microbatch") or worlds
+
+    @st.composite
+    def build(draw) -> TwoWorldConfig:
+        world = draw(st.sampled_from(worlds))
+        step = 2 if world == "microbatch" else 1
+        return TwoWorldConfig(
+            world=world,
+            runs=draw(st.integers(min_runs, max_runs)),
+            records=draw(st.integers(1, max_records // step)) * step,
+            outputs=draw(st.integers(min_outputs, max_outputs)),
+        )
+
+    return build()
 
 
 def audit_configs(

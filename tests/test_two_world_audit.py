@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 
 from dpverify.audits.two_world import full_batch_gdp_mu, run_two_world_audit
-from dpverify.canaries.worlds import TwoWorldConfig, TwoWorlds, dataset_size_worlds, realised_batch_worlds, worst_case_record_worlds
+from dpverify.canaries.worlds import (
+    TwoWorldConfig,
+    TwoWorlds,
+    dataset_size_worlds,
+    microbatch_worlds,
+    realised_batch_worlds,
+    worst_case_record_worlds,
+)
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.stats.two_world import two_world_ceiling
 from tests.doubles import Broken, Oblivious
@@ -34,6 +41,17 @@ def test_replace_one_world_changes_exactly_one_record_and_flips_its_label():
     np.testing.assert_array_equal(x, xp)
     assert int(np.sum(y != yp)) == 1 and yp[-1] == world.target_class and y[-1] != world.target_class
     np.testing.assert_array_equal(world.probes[0], x[-1])
+
+
+def test_the_microbatch_world_inserts_its_record_first_and_shifts_every_pair():
+    world = microbatch_worlds(records=4)
+    (x, y), (xp, yp) = world.dataset("d"), world.dataset("dprime")
+    np.testing.assert_array_equal(xp[1:], x)
+    np.testing.assert_array_equal(yp[1:], y)
+    assert yp[0] == world.target_class == 1 and y[-1] == 0 and np.array_equal(x[-1], xp[0])
+    np.testing.assert_array_equal(world.probes[0], xp[0])
+    with pytest.raises(ValueError, match="records must be even for the microbatch world"):
+        TwoWorldConfig(world="microbatch", records=3)
 
 
 def test_worlds_that_are_not_neighbours_are_refused():
@@ -133,6 +151,23 @@ def test_the_realised_batch_world_sees_a_normaliser_that_reads_the_sampled_batch
             impl, world=world, runs=200, hyperparameters=hp, architecture=MLPArchitecture(hidden_width=0)
         )
     assert outcome["opacus-realised-batch-norm"].verdict == "violation", outcome
+    assert outcome["opacus-ghost"].verdict == "pass", outcome
+
+
+def test_the_microbatch_world_sees_clipped_pairs_accounted_as_records():
+    """bugs.md row 11: the added record turns one clipped pair mean from −C to +C, twice the add/remove
+    sensitivity the claim assumes (true μ ≈ 2 against the claimed 1); a per-record clipper stays at it."""
+    pytest.importorskip("opacus")
+    from dpverify.registry import get_implementation
+    from dpverify_opacus import variant
+
+    hp = DPHyperparameters(noise_multiplier=1.0, sampling_rate=1.0, epochs=1, learning_rate=0.07)
+    outcome = {}
+    for impl in (variant("opacus-microbatches"), get_implementation("opacus-ghost")):
+        outcome[impl.info.name] = run_two_world_audit(
+            impl, world=microbatch_worlds(), runs=300, hyperparameters=hp, architecture=MLPArchitecture(hidden_width=0)
+        )
+    assert outcome["opacus-microbatches"].verdict == "violation", outcome
     assert outcome["opacus-ghost"].verdict == "pass", outcome
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "TwoWorldConfig",
     "TwoWorlds",
     "dataset_size_worlds",
+    "microbatch_worlds",
     "realised_batch_worlds",
     "worst_case_record_worlds",
 ]
@@ -38,7 +39,8 @@ class TwoWorlds:
     """Two neighbouring datasets, the probes and the score of a two-world audit.
 
     ``features_d``/``labels_d`` is D and ``features_dprime``/``labels_dprime`` is D′; ``relation`` says how
-    they neighbour (checked here: D′ is D plus its last record, or D with one record replaced). ``targets``
+    they neighbour (checked here: D′ is D with one record inserted, anywhere, since the order a trainer is
+    handed its records is the auditor's choice; or D with one record replaced). ``targets``
     names the bug class the world is built for and why it shows there.
     """
 
@@ -93,7 +95,12 @@ def _neighbours(relation: str, d: tuple[np.ndarray, np.ndarray], dprime: tuple[n
     if y.shape != (x.shape[0],) or yp.shape != (xp.shape[0],) or y.dtype != np.int64 or yp.dtype != np.int64:
         return False
     if relation == "add_remove":
-        return xp.shape[0] == x.shape[0] + 1 and np.array_equal(xp[:-1], x) and np.array_equal(yp[:-1], y)
+        if xp.shape[0] != x.shape[0] + 1 or xp.shape[1:] != x.shape[1:]:
+            return False
+        same = np.all(xp[:-1] == x, axis=1) & (yp[:-1] == y)
+        inserted = int(np.argmin(same)) if not same.all() else x.shape[0]  # first row where D′ departs from D
+        rest = slice(inserted + 1, None)
+        return np.array_equal(xp[rest], x[inserted:]) and np.array_equal(yp[rest], y[inserted:])
     differs = np.any(x != xp, axis=1) | (y != yp) if x.shape == xp.shape else None
     return differs is not None and int(differs.sum()) == 1
 
@@ -148,6 +155,45 @@ def realised_batch_worlds(*, records: int = 1, dimension: int = 1, num_classes: 
         world,
         name=f"realised-batch-{records}-vs-{records + 1}",
         targets="bugs.md row 7 (Opacus #420, #571): a noisy sum divided by the realised batch size",
+    )
+
+
+def microbatch_worlds(*, records: int = 2, dimension: int = 2, num_classes: int = 2, scale: float = 10.0) -> TwoWorlds:
+    """D: ``records`` − 1 copies of a unit point a (label 0), then x* = ``scale``·e₁ with label 0; D′: (x*, 1)
+    inserted first. Probed for log p(1 | x*). ``records`` is even.
+
+    Targets bugs.md row 11 (TF-Privacy's microbatches, accounted with σ as if each record were clipped
+    alone): a clipped microbatch mean is one "row", and a record added to a microbatch can turn that row
+    from −C to +C, twice the sensitivity C the claim assumes for add/remove (Ponomareva et al. 2023, "How
+    to DP-fy ML", §5.6). Records are grouped in the order the trainer receives them, so the added record is
+    put first: it shifts every pair. D's last pair, (a, (x*, 0)), is dominated by x*'s large gradient and
+    clips to C against class 1 at x*; in D′ the first pair ((x*, 1), a) clips to C towards it and (x*, 0) is
+    left over. A per-record clipper sees one extra row of norm C, so a correct implementation stays at the
+    claim.
+    """
+    records = check_int("records", records, low=2)
+    if records % 2:
+        raise ValueError(f"records must be even for the microbatch world (D is cut into pairs), got {records}")
+    dimension = check_int("dimension", dimension, low=2)
+    num_classes = check_int("num_classes", num_classes, low=2)
+    scale = check_real("scale", scale, low=0.0, low_open=True)
+    features = np.zeros((records + 1, dimension), dtype=np.float32)
+    features[1:-1, -1] = 1.0  # a: a unit point orthogonal to x*, with a gradient far smaller than x*'s
+    features[0, 0] = features[-1, 0] = scale
+    labels = np.zeros(records + 1, dtype=np.int64)
+    labels[0] = 1
+    return TwoWorlds(
+        name=f"microbatch-{records}",
+        relation="add_remove",
+        features_d=features[1:],
+        labels_d=labels[1:],
+        features_dprime=features,
+        labels_dprime=labels,
+        num_classes=num_classes,
+        probes=features[:1],
+        score="target_log_prob",
+        target_class=1,
+        targets="bugs.md row 11: clipped microbatch means accounted as clipped records (sensitivity 2C, not C)",
     )
 
 
@@ -208,6 +254,7 @@ def worst_case_record_worlds(
 #: The crafted worlds by name, as the two-world design selects them.
 WORLD_MAKERS = {
     "dataset_size": dataset_size_worlds,
+    "microbatch": microbatch_worlds,
     "realised_batch": realised_batch_worlds,
     "worst_case_record": worst_case_record_worlds,
 }
@@ -216,9 +263,9 @@ WORLD_KINDS: tuple[str, ...] = tuple(WORLD_MAKERS)
 
 @dataclass(frozen=True, kw_only=True)
 class TwoWorldConfig:
-    """The two-world design's part of an audit: the crafted ``world`` (``dataset_size``, ``realised_batch``
-    or ``worst_case_record``, see their constructors), ``records`` in D, the model's ``outputs`` (classes) and
-    ``runs`` trainings on each of D and D′. The defaults are the setting that finds Opacus #571: 2 vs 3
+    """The two-world design's part of an audit: the crafted ``world`` (``dataset_size``, ``microbatch``,
+    ``realised_batch`` or ``worst_case_record``, see their constructors), ``records`` in D, the model's
+    ``outputs`` (classes) and ``runs`` trainings on each of D and D′. The defaults are the setting that finds Opacus #571: 2 vs 3
     records and 1024 outputs, 60 runs per world. Add/remove neighbours."""
 
     world: str = "dataset_size"
@@ -231,6 +278,7 @@ class TwoWorldConfig:
         check_int("runs", self.runs, low=2)
         check_int("records", self.records, low=1)
         check_int("outputs", self.outputs, low=2)
+        self.worlds()  # each world checks what it needs of records and outputs (the microbatch world: even)
 
     def worlds(self) -> TwoWorlds:
         """The two datasets this part designates."""
