@@ -28,7 +28,13 @@ import numpy as np
 from scipy import stats
 
 from dpverify.audits.two_world import TwoWorldResult, run_two_world_audit
-from dpverify.canaries.worlds import TwoWorlds, dataset_size_worlds, realised_batch_worlds, worst_case_record_worlds
+from dpverify.canaries.worlds import (
+    TwoWorlds,
+    dataset_size_worlds,
+    microbatch_worlds,
+    realised_batch_worlds,
+    worst_case_record_worlds,
+)
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.registry import get_implementation
 from dpverify.stats.bounds import _gdp_epsilon
@@ -307,7 +313,9 @@ def _catalog_cases() -> list[CatalogCase]:
         CatalogCase(9, "opacus-shuffled-batches", lambda: worst_case_record_worlds(records=2, dimension=2),
                     "q = 1/2, 2 steps, σ = 1, add/remove, 2 base records", DPHyperparameters(noise_multiplier=1.0, sampling_rate=0.5, epochs=1, learning_rate=lr, delta=DELTA), 500),
         CatalogCase(11, "opacus-microbatches", lambda: worst_case_record_worlds(dimension=2),
-                    "q = 1, 1 step, σ = 2, add/remove (D′ pairs the base record with x*)", DPHyperparameters(noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=lr / 2, delta=DELTA), 500),
+                    "q = 1, 1 step, σ = 2, x* appended", DPHyperparameters(noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=lr / 2, delta=DELTA), 500),
+        CatalogCase(11, "opacus-microbatches", lambda: microbatch_worlds(records=2),
+                    "q = 1, 1 step, σ = 1, (x*, 1) inserted first", DPHyperparameters(noise_multiplier=1.0, sampling_rate=1.0, epochs=1, learning_rate=lr, delta=DELTA), 500),
         CatalogCase(12, "opacus-reused-noise", lambda: worst_case_record_worlds(relation="replace_one", dimension=2),
                     f"q = 1, 4 steps, σ = {2 * sigma2:.3f} (claimed GDP ε 2)", DPHyperparameters(noise_multiplier=2 * sigma2, sampling_rate=1.0, epochs=4, learning_rate=lr / (2 * sigma2), delta=DELTA), 500),
     ]  # fmt: skip
