@@ -98,7 +98,7 @@ def product_channel_test(m, guesses, correct, *, mu, delta, confidence=0.95) -> 
     mu = check_real("mu", mu, low=0.0)
     delta, level = _level(delta, confidence)
     m, r, v, _ = _counts(m, guesses, correct)
-    m, r, v = (a.astype(float)[:, None] for a in (m, r, v))
+    m, r, v = (a[:, None] for a in (m, r, v))
     tails = _tails(m, r, v, np.array([[mu]]))[:, 0]
     refuted = bool(np.any(tails <= level))
 
