@@ -23,17 +23,14 @@ It prints a markdown table and writes it to benchmarks/results/order-statistics.
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from scipy import special
 
-from curves import CLAIMS, DELTA, LEVEL_CONFIDENCE, RULE, SEEDS, audit, mu_for  # benchmarks/ is the script's directory
+# benchmarks/ is the script's directory
+from curves import CLAIMS, DELTA, LEVEL_CONFIDENCE, RULE, SEEDS, audit, mu_for, write_report
 
 from dpverify.stats.bounds import epsilon_lower_bound, fdp_epsilon_lower_bound
 from dpverify.stats.curves import GaussianCurve, curve_refutes
@@ -90,30 +87,22 @@ def main() -> None:
             lines.append(f"| {m} | {epsilon:g} | {mu:.3f} | " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     seconds = time.perf_counter() - started
-    report = "\n".join(
+    write_report(
+        OUTPUT,
+        "Order statistics (Xiang et al. 2025) vs curve test vs Steinke bound, perfect attacker at full batch",
+        "benchmarks/order_statistics.py",
         [
-            "# Order statistics (Xiang et al. 2025) vs curve test vs Steinke bound, perfect attacker at full batch",
-            "",
-            f"- device: 2-core CPU shared with other sessions (no GPU); {platform.machine()}, {os.cpu_count()} logical cores; "
-            f"load average at the end {os.getloadavg()[0]:.1f}",
-            f"- date: {datetime.date.today().isoformat()}",
-            f"- Python {sys.version.split()[0]}, numpy {np.__version__}",
-            "- command: `.venv/bin/python benchmarks/order_statistics.py`",
-            f"- {SEEDS} seeds per cell ({SHARED_SEEDS} for the shared-loss column); δ = {DELTA:g}, 95 % confidence, "
+            f"{SEEDS} seeds per cell ({SHARED_SEEDS} for the shared-loss column); δ = {DELTA:g}, 95 % confidence, "
             f"Bonferroni over the 7-count grid; total {seconds:.0f} s, one process",
-            "- scores μ·b + N(0, 1) (members b = 1), independent across canaries; ε_L at the claim itself (k = 1); "
+            "scores μ·b + N(0, 1) (members b = 1), independent across canaries; ε_L at the claim itself (k = 1); "
             "'caught' = fraction of seeds where Steinke's ε_L exceeds the claimed ε / the claimed GDP curve is "
             "refuted by the curve test / by order statistics, with scores from k·μ (noise divided by k)",
-            "- last column: the mechanism of `tests/test_order_statistics.py`, exactly μ-GDP for every canary, "
+            "last column: the mechanism of `tests/test_order_statistics.py`, exactly μ-GDP for every canary, "
             "whose canaries share one privacy-loss level: the fraction of audits in which each test refutes this "
             "*true* claim, to compare with the 5 % level",
-            "",
-            *lines,
-            "",
-        ]
+        ],
+        lines,
     )
-    OUTPUT.write_text(report)
-    print(report)
 
 
 if __name__ == "__main__":
