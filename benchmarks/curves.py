@@ -117,26 +117,40 @@ def main() -> None:
             lines.append(row + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     seconds = time.perf_counter() - started
-    report = "\n".join(
+    write_report(
+        OUTPUT,
+        "One-run Steinke bound vs curve test, perfect attacker at full batch",
+        "benchmarks/curves.py",
         [
-            "# One-run Steinke bound vs curve test, perfect attacker at full batch",
-            "",
-            f"- device: 2-core CPU shared with other sessions (no GPU); {platform.machine()}, {os.cpu_count()} logical cores",
-            f"- date: {datetime.date.today().isoformat()}",
-            f"- Python {sys.version.split()[0]}, numpy {np.__version__}",
-            "- command: `.venv/bin/python benchmarks/curves.py`",
-            f"- {SEEDS} seeds per cell; δ = {DELTA:g}, 95 % confidence, Bonferroni over the 7-count grid; "
+            f"{SEEDS} seeds per cell; δ = {DELTA:g}, 95 % confidence, Bonferroni over the 7-count grid; "
             f"total {seconds:.0f} s; one curve_test (7 counts, with the family search and tail bounds) "
             f"median {np.median(curve_seconds):.2f} s",
-            "- scores μ·b + N(0, 1) (members b = 1); ε_L columns at the claim itself (k = 1); 'caught' = fraction "
+            "scores μ·b + N(0, 1) (members b = 1); ε_L columns at the claim itself (k = 1); 'caught' = fraction "
             "of seeds where Steinke's ε_L exceeds the claimed ε / the claimed GDP curve is refuted, with scores "
             "from k·μ (noise divided by k)",
+        ],
+        lines,
+    )
+
+
+def write_report(path: Path, title: str, script: str, notes: list[str], lines: list[str]) -> None:
+    """Write and print a markdown table under a header naming the machine, the date and the command."""
+    report = "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"- device: 2-core CPU shared with other sessions (no GPU); {platform.machine()}, {os.cpu_count()} logical "
+            f"cores; load average at the end {os.getloadavg()[0]:.1f}",
+            f"- date: {datetime.date.today().isoformat()}",
+            f"- Python {sys.version.split()[0]}, numpy {np.__version__}",
+            f"- command: `.venv/bin/python {script}`",
+            *(f"- {note}" for note in notes),
             "",
             *lines,
             "",
         ]
     )
-    OUTPUT.write_text(report)
+    path.write_text(report)
     print(report)
 
 
