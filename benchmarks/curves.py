@@ -47,14 +47,40 @@ def mu_for(epsilon: float) -> float:
     return optimize.brentq(lambda mu: ClaimedRun(noise_multiplier=1 / mu, steps=1).epsilon(DELTA) - epsilon, 1e-3, 50)
 
 
-def audit(mu_true: float, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
-    """One audit's guess counts, correct counts and Steinke ε_L (max over the grid)."""
+def audit(
+    mu_true: float, m: int, rng: np.random.Generator, *, confidence: float = LEVEL_CONFIDENCE
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """One audit's guess counts, correct counts and Steinke ε_L (max over the grid, each count at
+    ``confidence``)."""
     members = rng.random(m) < 0.5
     ranked = members[np.argsort(-(mu_true * members + rng.standard_normal(m)))]
     counts = RULE.counts(m)
     correct = np.array([ranked[: (k + 1) // 2].sum() + (~ranked[m - k // 2 :]).sum() for k in counts])
-    steinke = float(np.max(epsilon_lower_bound(m, counts, correct, delta=DELTA, confidence=LEVEL_CONFIDENCE)))
+    steinke = float(np.max(epsilon_lower_bound(m, counts, correct, delta=DELTA, confidence=confidence)))
     return counts, correct, steinke
+
+
+def perfect_attacker(epsilon: float, m: int, *, seeds: int, rng: np.random.Generator, deficit: float = 1.0) -> tuple[float, float, float]:
+    """What a perfect attacker reaches under dpverify's verdict rule: the audit's 95 % split evenly between
+    the Steinke and the curve test, each split over the guess grid. Returns the median Steinke ε_L, the
+    median curve-test ε over ``seeds`` audits of m canaries whose scores come from the μ-GDP mechanism with
+    ε = ``epsilon`` at δ (noise divided by ``deficit``), and the fraction of those audits whose verdict
+    refutes the claim. ε = ∞ scores separate perfectly."""
+    from dpverify.audits.steps import split_confidence
+
+    steinke_level, curve_level = (RULE.corrected_confidence(c) for c in split_confidence(CONFIDENCE))
+    mu = mu_for(epsilon) if np.isfinite(epsilon) else 50.0
+    claim = ClaimedRun(noise_multiplier=1 / mu, steps=1)
+    rows = []
+    for _ in range(seeds):
+        counts, correct, steinke = audit(deficit * mu, m, rng, confidence=steinke_level)
+        if not np.isfinite(epsilon):
+            rows.append((steinke, float("nan"), False))
+            continue
+        curve = curve_test(m, counts, correct, claim=claim, delta=DELTA, confidence=curve_level)
+        rows.append((steinke, curve.epsilon, steinke > epsilon or curve.refuted))
+    steinke_values, curve_values, caught = zip(*rows)
+    return float(np.median(steinke_values)), float(np.nanmedian(curve_values)) if np.isfinite(epsilon) else float("nan"), float(np.mean(caught))
 
 
 def main() -> None:
@@ -91,26 +117,40 @@ def main() -> None:
             lines.append(row + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     seconds = time.perf_counter() - started
-    report = "\n".join(
+    write_report(
+        OUTPUT,
+        "One-run Steinke bound vs curve test, perfect attacker at full batch",
+        "benchmarks/curves.py",
         [
-            "# One-run Steinke bound vs curve test, perfect attacker at full batch",
-            "",
-            f"- device: 2-core CPU shared with other sessions (no GPU); {platform.machine()}, {os.cpu_count()} logical cores",
-            f"- date: {datetime.date.today().isoformat()}",
-            f"- Python {sys.version.split()[0]}, numpy {np.__version__}",
-            "- command: `.venv/bin/python benchmarks/curves.py`",
-            f"- {SEEDS} seeds per cell; δ = {DELTA:g}, 95 % confidence, Bonferroni over the 7-count grid; "
+            f"{SEEDS} seeds per cell; δ = {DELTA:g}, 95 % confidence, Bonferroni over the 7-count grid; "
             f"total {seconds:.0f} s; one curve_test (7 counts, with the family search and tail bounds) "
             f"median {np.median(curve_seconds):.2f} s",
-            "- scores μ·b + N(0, 1) (members b = 1); ε_L columns at the claim itself (k = 1); 'caught' = fraction "
+            "scores μ·b + N(0, 1) (members b = 1); ε_L columns at the claim itself (k = 1); 'caught' = fraction "
             "of seeds where Steinke's ε_L exceeds the claimed ε / the claimed GDP curve is refuted, with scores "
             "from k·μ (noise divided by k)",
+        ],
+        lines,
+    )
+
+
+def write_report(path: Path, title: str, script: str, notes: list[str], lines: list[str]) -> None:
+    """Write and print a markdown table under a header naming the machine, the date and the command."""
+    report = "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"- device: 2-core CPU shared with other sessions (no GPU); {platform.machine()}, {os.cpu_count()} logical "
+            f"cores; load average at the end {os.getloadavg()[0]:.1f}",
+            f"- date: {datetime.date.today().isoformat()}",
+            f"- Python {sys.version.split()[0]}, numpy {np.__version__}",
+            f"- command: `.venv/bin/python {script}`",
+            *(f"- {note}" for note in notes),
             "",
             *lines,
             "",
         ]
     )
-    OUTPUT.write_text(report)
+    path.write_text(report)
     print(report)
 
 

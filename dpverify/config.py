@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dpverify._validation import check_choice, check_int, check_probability
-from dpverify.canaries.synthetic import CanaryConfig
+from dpverify.canaries.synthetic import CanaryConfig, check_dirac_room
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
 from dpverify.canaries.worlds import TwoWorldConfig
@@ -39,6 +39,9 @@ class AuditConfig:
     default compares the trained label's log-probability with the mean over the other labels. ``design="pair"`` (UniAud
     Algorithm 2): train on every canary and draw the bits afterwards, which tests *replace-one* ε; the claim
     is then converted to replace-one from the run's (σ, q, steps, δ). ``confidence`` is this audit's own.
+    ``pooled_runs`` R splits the m canaries over R independent runs, each with its own ≈ m/R canaries and
+    secret bits, and tests all m scores together: sound, since a canary touches only its own run, and R
+    times cheaper than one run of m Dirac canaries, whose cost grows with m².
 
     Data-dependent designs (Case II: the model must also be useful) audit on ``data`` (real records,
     :class:`~dpverify.canaries.tagged.DataAuditConfig`) and report the main task's test accuracy:
@@ -65,14 +68,34 @@ class AuditConfig:
     seed: int = 0
     device: str = "auto"
     timeout: float | None = None
+    pooled_runs: int = 1
 
     def __post_init__(self) -> None:
         check_timeout(self.timeout)
+        check_int("pooled_runs", self.pooled_runs, low=1)
+        if self.pooled_runs > 1 and self.design not in ("inclusion", "pair"):
+            raise ValueError(
+                f"pooled_runs pools independent runs of synthetic canaries (designs inclusion, pair), got "
+                f"pooled_runs={self.pooled_runs} with design={self.design!r}; set pooled_runs=1"
+            )
+        if self.canaries.m < self.pooled_runs:
+            raise ValueError(
+                f"each pooled run needs a canary, so m must be >= pooled_runs, got m={self.canaries.m}, "
+                f"pooled_runs={self.pooled_runs}"
+            )
+        if self.canaries.mode == "dirac" and not self.is_data_dependent:
+            check_dirac_room(m=max(self.canaries_per_run), dimension=self.canaries.dimension)
         check_choice("design", self.design, DESIGNS)
         check_choice("score", self.score, ("auto",) + SCORE_KINDS)
         check_choice("device", self.device, DEVICES)
         check_probability("confidence", self.confidence)
         check_int("seed", self.seed, low=0)
+        if self.is_data_dependent and self.architecture.is_softmax_regression:
+            raise ValueError(
+                f"the {self.design!r} design trains an MLP (its records need a hidden layer to be learnt), got "
+                "hidden_width=0 (softmax regression); set hidden_width >= 1 or take the design's profile "
+                f"with profile_config(..., design={self.design!r})"
+            )
         if self.is_data_dependent and self.score != "auto":
             raise ValueError(f"score must be 'auto' for the {self.design!r} design (its score is fixed), got {self.score!r}")
 
@@ -87,10 +110,16 @@ class AuditConfig:
     @property
     def audit_size(self) -> int:
         """m: the audit records of a data-dependent design, the runs per world of the two-world design,
-        else the canaries."""
+        else the canaries (of all pooled runs together)."""
         if self.design == "two_world":
             return self.worlds.runs
         return self.data.m if self.is_data_dependent else self.canaries.m
+
+    @property
+    def canaries_per_run(self) -> tuple[int, ...]:
+        """How the m canaries split over the pooled runs: as evenly as they can, the first runs one more."""
+        share, extra = divmod(self.canaries.m, self.pooled_runs)
+        return tuple(share + (run < extra) for run in range(self.pooled_runs))
 
     @property
     def score_kind(self) -> str:
@@ -122,7 +151,7 @@ HYPERPARAMETER_FIELDS = (
     "delta",
     "expected_batch_size",
 )
-TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout")
+TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout", "pooled_runs")
 GUESS_FIELDS = ("guesses", "sides")
 #: ``m`` goes to ``data`` instead of ``canaries`` when the (resulting) design is data-dependent.
 DATA_FIELDS = (
@@ -162,12 +191,17 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
     def pick(names: tuple[str, ...]) -> dict[str, Any]:
         return {k: overrides[k] for k in names if k in overrides}
 
+    top_fields = pick(TOP_FIELDS)
+    if overrides.get("design", config.design) not in ("inclusion", "pair"):
+        top_fields.setdefault("pooled_runs", 1)  # only synthetic canaries pool runs
     canary_fields, data_fields = pick(CANARY_FIELDS), pick(DATA_FIELDS)
     if overrides.get("design", config.design) in DATA_DESIGNS and "m" in canary_fields:
         data_fields["m"] = canary_fields.pop("m")
     if canary_fields.get("mode", config.canaries.mode) == "dirac" and "dimension" not in canary_fields:
-        # A Dirac canary owns a coordinate: the dimension follows m unless the user sets it.
-        canary_fields["dimension"] = canary_fields.get("m", config.canaries.m)
+        # A Dirac canary owns a coordinate: the dimension follows the canaries per run unless the user sets it.
+        runs = top_fields.get("pooled_runs", config.pooled_runs)
+        if isinstance(runs, int) and runs >= 1:  # else AuditConfig names what is wrong with it
+            canary_fields["dimension"] = max(1, -(-canary_fields.get("m", config.canaries.m) // runs))
     return dataclasses.replace(
         config,
         canaries=dataclasses.replace(config.canaries, **canary_fields),
@@ -176,7 +210,7 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
         hyperparameters=override_hyperparameters(config.hyperparameters, overrides),
         guess_rule=override_guess_rule(config.guess_rule, overrides),
-        **pick(TOP_FIELDS),
+        **top_fields,
     )
 
 
@@ -217,7 +251,7 @@ def override_guess_rule(guess_rule: GuessRule, overrides: dict[str, Any]) -> Gue
     return guess_rule
 
 
-def _profile(
+def _mlp_profile(
     *,
     m: int,
     dimension: int,
@@ -238,36 +272,73 @@ def _profile(
     )
 
 
-#: Named starting points, chosen from the sweeps in benchmarks/results/. Each has a generous time limit for
-#: one audit's training: ~10x the slowest bundled implementation measured on a busy 2-core CPU (quick). ``quick`` (what CI runs on a
-#: 2-core CPU) and ``standard`` train full-batch (q = 1): for a given ε the one-run audit is tightest when
-#: the mechanism is an unsubsampled Gaussian, and it costs the same example-gradients as q = 0.1 over
-#: ten times the steps. A full batch averages each record's clipped gradient over N, so the learning rate
-#: is 5 to let a run without noise memorise its canaries (lr 1 left a missing-noise bug at ε_L ≈ 1.7).
-#: Bugs in subsampling itself (bugs.md rows 7 and 9) need q < 1: set
-#: ``sampling_rate`` or use ``paper``, the paper's setting (q = 0.1, d = 10³, h = 10⁵, C = 10³, m = 10⁴),
-#: which wants a GPU.
+def _dirac_profile(*, runs_of: int, pooled_runs: int, max_grad_norm: float, timeout: float) -> AuditConfig:
+    """Dirac canaries in zero-initialised softmax regression, ``pooled_runs`` runs of ``runs_of`` canaries,
+    full batch (q = 1), 10 steps, 10 classes.
+
+    A clipped canary moves its own column of weights by lr·C/N per step, so the learning rate is 1/C
+    (the run is then the same at every C); the features' scale of 100 keeps every canary's gradient far
+    above C, so each is clipped. At q = 1 the claimed run is exactly μ-GDP, and the canaries' scores
+    separate by 0.96–1.03 of that μ (measured on Opacus; benchmarks/results/dirac.md)."""
+    return AuditConfig(
+        timeout=timeout,
+        pooled_runs=pooled_runs,
+        canaries=CanaryConfig(m=runs_of * pooled_runs, dimension=runs_of, num_classes=10, mode="dirac", feature_scale=100.0),
+        architecture=MLPArchitecture(hidden_width=0),
+        hyperparameters=DPHyperparameters(
+            target_epsilon=2.0, sampling_rate=1.0, epochs=10, max_grad_norm=max_grad_norm, learning_rate=1.0 / max_grad_norm
+        ),
+    )
+
+
+#: Named starting points, chosen from measured power × time (benchmarks/results/). Each has a generous time
+#: limit for one training run: ~10x the slowest bundled implementation measured on a busy 2-core CPU.
+#:
+#: For the synthetic designs (``inclusion``, ``pair``) ``quick`` (what CI runs), ``standard`` and ``gpu`` are
+#: Dirac audits: canaries that each own an input coordinate of a softmax regression, which reach the claimed
+#: mechanism's whole curve, pooled over independent runs (a run's cost grows with m², pooling with R). Their
+#: clipping norms are not 1 (0.5, 2, 2), so that a bug with a wrong power or product of C shows.
+#: ``mlp`` (the MLP of UniAud, full batch) and ``paper`` (the paper's setting: q = 0.1, d = 10³, h = 10⁵,
+#: C = 10³, m = 10⁴, which wants a GPU) audit a model with a hidden layer.
+#:
+#: The data designs (UniAud++ and its baselines) need hidden layers, so each profile names an MLP setting
+#: for them too (:data:`MLP_PROFILES`): ``profile_config`` picks by the design asked for.
 PROFILES: dict[str, AuditConfig] = {
-    "quick": _profile(
+    "quick": _dirac_profile(runs_of=2500, pooled_runs=4, max_grad_norm=0.5, timeout=1800),
+    "standard": _dirac_profile(runs_of=2500, pooled_runs=40, max_grad_norm=2.0, timeout=1800),
+    "gpu": _dirac_profile(runs_of=10_000, pooled_runs=25, max_grad_norm=2.0, timeout=3600),
+    # A full batch averages each record's clipped gradient over N, so the learning rate is 5 to let a run
+    # without noise memorise its canaries (lr 1 left a missing-noise bug at ε_L ≈ 1.7).
+    "mlp": _mlp_profile(
         m=1000, dimension=1000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0,
         timeout=1800,
     ),
-    "standard": _profile(
-        m=2000, dimension=2000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0,
-        timeout=3600,
-    ),
-    "paper": _profile(
+    "paper": _mlp_profile(
         m=10_000, dimension=1000, hidden_width=100_000, num_classes=1000, sampling_rate=0.1, epochs=50, learning_rate=0.5,
         timeout=14_400,
     ),
 }
 PROFILE_NAMES: tuple[str, ...] = tuple(PROFILES)
+_MLP_STANDARD = _mlp_profile(
+    m=2000, dimension=2000, hidden_width=1000, num_classes=100, sampling_rate=1.0, epochs=20, learning_rate=5.0,
+    timeout=3600,
+)
+#: The MLP setting of each profile, for the designs that need hidden layers (:data:`DATA_DESIGNS`).
+MLP_PROFILES: dict[str, AuditConfig] = {
+    "quick": PROFILES["mlp"],
+    "standard": _MLP_STANDARD,
+    "gpu": PROFILES["paper"],
+    "mlp": PROFILES["mlp"],
+    "paper": PROFILES["paper"],
+}
 
 
 def profile_config(name: str, **overrides: Any) -> AuditConfig:
-    """The named profile with ``overrides`` applied (see :func:`apply_overrides`)."""
+    """The named profile for the design in ``overrides`` (its MLP setting for a data design), with
+    ``overrides`` applied (see :func:`apply_overrides`)."""
     check_choice("profile", name, PROFILE_NAMES)
-    return apply_overrides(PROFILES[name], overrides)
+    needs_mlp = overrides.get("design", PROFILES[name].design) in DATA_DESIGNS
+    return apply_overrides((MLP_PROFILES if needs_mlp else PROFILES)[name], overrides)
 
 
 def parse_settings(pairs: Any) -> dict[str, Any]:

@@ -49,8 +49,7 @@ def canary_configs(
     min_feature_scale: float = 3.0,
     max_feature_scale: float = 20.0,
 ) -> st.SearchStrategy[CanaryConfig]:
-    """Canary configurations within the given bounds (inclusive); a Dirac configuration's dimension is at
-    least its m."""
+    """Canary configurations within the given bounds (inclusive)."""
     check_int("min_m", min_m, low=1)
     check_int("min_dimension", min_dimension, low=1)
     check_int("min_classes", min_classes, low=2)
@@ -65,20 +64,25 @@ def canary_configs(
     unknown = set(modes) - set(CANARY_MODES)
     if not modes or unknown:
         raise ValueError(f"modes must be a non-empty subset of {CANARY_MODES}, got {modes!r}")
+    return _canary_configs(
+        st.integers(min_m, max_m),
+        (min_dimension, max_dimension),
+        st.integers(min_classes, max_classes),
+        st.sampled_from(modes),
+        st.floats(min_feature_scale, max_feature_scale),
+    )
 
-    @st.composite
-    def build(draw) -> CanaryConfig:
-        m, mode = draw(st.integers(min_m, max_m)), draw(st.sampled_from(modes))
-        dimension = draw(st.integers(min_dimension, max_dimension))
-        return CanaryConfig(
-            m=m,
-            dimension=max(dimension, m) if mode == "dirac" else dimension,  # a Dirac canary owns a coordinate
-            num_classes=draw(st.integers(min_classes, max_classes)),
-            mode=mode,
-            feature_scale=draw(st.floats(min_feature_scale, max_feature_scale)),
-        )
 
-    return build()
+@st.composite
+def _canary_configs(draw, m, dimensions, num_classes, mode, feature_scale) -> CanaryConfig:
+    """A Dirac canary owns a coordinate: its dimension is drawn from the bounds, but at least m."""
+    m, mode = draw(m), draw(mode)
+    low, high = dimensions
+    if mode == "dirac":
+        low, high = max(low, m), max(high, m)
+    return CanaryConfig(
+        m=m, dimension=draw(st.integers(low, high)), num_classes=draw(num_classes), mode=mode, feature_scale=draw(feature_scale)
+    )
 
 
 def dp_hyperparameters(
@@ -182,8 +186,10 @@ def two_world_configs(
     unknown = set(worlds) - set(WORLD_KINDS)
     if not worlds or unknown:
         raise ValueError(f"worlds must be a non-empty subset of {WORLD_KINDS}, got {worlds!r}")
-    if max_records < 2:  # the microbatch world cuts D into pairs
-        worlds = tuple(w for w in worlds if w != "microbatch") or worlds
+    if max_records < 2 and "microbatch" in worlds:  # the microbatch world cuts D into pairs
+        if worlds == ("microbatch",):
+            raise ValueError(f"the microbatch world needs max_records >= 2, got {max_records}")
+        worlds = tuple(w for w in worlds if w != "microbatch")
 
     @st.composite
     def build(draw) -> TwoWorldConfig:
@@ -206,26 +212,45 @@ def audit_configs(
     hyperparameters: st.SearchStrategy[DPHyperparameters] | None = None,
     min_hidden_width: int = 100,
     max_hidden_width: int = 1000,
+    max_pooled_runs: int = 2,
     designs: tuple[str, ...] = ("inclusion", "pair"),
     data: st.SearchStrategy[DataAuditConfig] | None = None,
     worlds: st.SearchStrategy[TwoWorldConfig] | None = None,
 ) -> st.SearchStrategy[AuditConfig]:
     """Whole audit configurations: the profile's guess rule, generated canaries, model and training, for
     the data-dependent designs (``multitask``, ``in_distribution``, ``mislabeled``) the ``data`` part, and
-    for ``two_world`` the ``worlds`` part."""
+    for ``two_world`` the ``worlds`` part. The synthetic designs draw softmax regression (hidden width 0)
+    as well as MLPs, and pool 1 to ``max_pooled_runs`` runs; the data designs need an MLP."""
     check_int("min_hidden_width", min_hidden_width, low=1)
+    check_int("max_pooled_runs", max_pooled_runs, low=1)
     _bounds("hidden_width", min_hidden_width, max_hidden_width)
     unknown = set(designs) - set(DESIGNS)
     if not designs or unknown:
         raise ValueError(f"designs must be a non-empty subset of {DESIGNS}, got {designs!r}")
-    base = profile_config(profile)
-    return st.builds(
-        AuditConfig,
-        canaries=canaries if canaries is not None else canary_configs(),
-        architecture=st.builds(MLPArchitecture, hidden_width=st.integers(min_hidden_width, max_hidden_width)),
-        hyperparameters=hyperparameters if hyperparameters is not None else dp_hyperparameters(),
-        design=st.sampled_from(designs),
-        guess_rule=st.just(base.guess_rule),
-        data=data if data is not None else st.just(base.data),
-        worlds=worlds if worlds is not None else two_world_configs(),
+    return _audit_configs(
+        profile_config(profile).guess_rule,
+        canaries if canaries is not None else canary_configs(),
+        hyperparameters if hyperparameters is not None else dp_hyperparameters(),
+        st.integers(min_hidden_width, max_hidden_width),
+        max_pooled_runs,
+        st.sampled_from(designs),
+        data if data is not None else st.just(profile_config(profile, design="multitask").data),
+        worlds if worlds is not None else two_world_configs(),
+    )
+
+
+@st.composite
+def _audit_configs(draw, guess_rule, canaries, hyperparameters, hidden_widths, max_pooled_runs, design, data, worlds) -> AuditConfig:
+    design, canaries = draw(design), draw(canaries)
+    synthetic = design in ("inclusion", "pair")
+    hidden_width = draw(st.one_of(st.just(0), hidden_widths) if synthetic else hidden_widths)
+    return AuditConfig(
+        canaries=canaries,
+        architecture=MLPArchitecture(hidden_width=hidden_width),
+        hyperparameters=draw(hyperparameters),
+        design=design,
+        guess_rule=guess_rule,
+        data=draw(data),
+        worlds=draw(worlds),
+        pooled_runs=draw(st.integers(1, min(max_pooled_runs, canaries.m))) if synthetic else 1,
     )

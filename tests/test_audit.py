@@ -12,7 +12,7 @@ from tests.doubles import Broken, Memoriser, Oblivious
 
 
 def small_config(**overrides):
-    defaults = dict(m=400, dimension=400, num_classes=10, epochs=1, sampling_rate=0.1, epsilon=1.0, device="cpu")
+    defaults = dict(m=400, dimension=400, num_classes=10, epochs=1, sampling_rate=0.1, epsilon=1.0, device="cpu", pooled_runs=1)
     return profile_config("quick", **{**defaults, **overrides})
 
 

@@ -50,7 +50,7 @@ def test_python_dash_m_and_version():
     assert version.returncode == 0 and version.stdout.strip() == f"dpverify {dpverify.__version__}"
     # `python -m dpverify.cli` runs main() only once every helper is defined (it raised NameError).
     module = subprocess.run(
-        [sys.executable, "-m", "dpverify.cli", "audit", "opacus-ghost", "--m", "1"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "dpverify.cli", "audit", "opacus-ghost", "--m", "1", "--set", "pooled_runs=1"], capture_output=True, text=True, cwd=REPO
     )
     assert module.returncode == 2 and "NameError" not in module.stderr and "refusing" in module.stderr
 
@@ -96,7 +96,7 @@ def test_an_audit_that_can_decide_nothing_is_refused_before_training(capsys):
     from dpverify.audits.steps import audit_ceiling
     from dpverify.config import profile_config
 
-    assert main(["audit", "opacus-ghost", "reference-dpsgd", "--m", "1"]) == 2
+    assert main(["audit", "opacus-ghost", "reference-dpsgd", "--m", "1", "--set", "pooled_runs=1"]) == 2
     err = capsys.readouterr().err
     assert "training" not in err  # refused before the first audit started
     for name in ("opacus-ghost", "reference-dpsgd"):
@@ -209,8 +209,9 @@ def test_audit_runs_reports_and_shows_progress(tmp_path):
     assert data["dpverify_version"] == dpverify.__version__ and data["libraries"]["opacus"] == audit["library_version"]
     assert data["command"] == f"dpverify audit opacus-no-noise {' '.join(SMALL)} --report {report}"
     assert data["complete"] is True and datetime.fromisoformat(data["written_at"].replace("Z", "+00:00"))
-    # stderr is a pipe here: plain lines, one per stage and per tenth of the 5 steps (q = 1, 5 epochs).
-    assert "step 5/5" in run.stderr and "\r" not in run.stderr and "querying the black box" in run.stderr
+    # stderr is a pipe here: plain lines, one per stage and per tenth of the steps: 5 (q = 1, 5 epochs) in
+    # each of the quick profile's 4 pooled runs, counted as one bar.
+    assert "step 20/20" in run.stderr and "\r" not in run.stderr and "querying the black box" in run.stderr
 
 
 def test_a_terminal_without_utf8_gets_ascii_and_a_report(tmp_path):

@@ -10,7 +10,7 @@ from dpverify.audits.language import LanguageAuditConfig  # noqa: E402
 from dpverify.config import profile_config  # noqa: E402
 from dpverify.registry import get_implementation  # noqa: E402
 
-SMALL = dict(m=100, dimension=100, hidden_width=50, epochs=3, device="cpu")
+SMALL = dict(m=100, dimension=100, hidden_width=50, epochs=3, device="cpu", pooled_runs=1)
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ def test_two_world_configs_are_valid_and_within_bounds(config):
         (audit_configs, dict(min_hidden_width=0), "min_hidden_width must be >= 1"),
         (two_world_configs, dict(min_runs=1), "min_runs must be >= 2, got 1"),
         (two_world_configs, dict(worlds=("flat",)), "worlds must be a non-empty subset"),
+        (two_world_configs, dict(worlds=("microbatch",), max_records=1), "the microbatch world needs max_records >= 2, got 1"),
     ],
 )
 def test_bad_bounds_are_rejected_at_the_door(factory, kwargs, message):

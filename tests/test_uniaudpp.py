@@ -122,7 +122,7 @@ def test_m_larger_than_the_training_split_is_an_error():
 def test_overrides_route_to_the_data_part_and_fix_the_score():
     config = profile_config("quick", design="multitask", m=123, num_tags=7, tags_per_record=2, tag_weight=3.0)
     assert (config.data.m, config.data.num_tags, config.data.tags_per_record, config.data.tag_weight) == (123, 7, 2, 3.0)
-    assert config.canaries.m == profile_config("quick").canaries.m  # m went to the audit records
+    assert config.canaries.m == profile_config("mlp").canaries.m  # m went to the audit records
     assert config.audit_size == 123 and config.relation == "replace_one" and config.score_kind == "self_comparison"
     baseline = profile_config("quick", design="mislabeled")
     assert baseline.relation == "add_remove" and baseline.score_kind == "loss"

@@ -1,5 +1,5 @@
 """The data-independent classification audit (UniAud, Algorithms 1 and 2): synthetic canaries, one
-training run of the designated MLP, self-comparison scores.
+training run of the designated model (or several independent runs pooled), self-comparison scores.
 
 ``inclusion`` keeps each canary in the training set with probability ½ (bits drawn before training) and
 tests the add/remove ε; ``pair`` trains on every canary, draws the bits afterwards and presents the trained
@@ -8,7 +8,9 @@ or the fresh label (Algorithm 2), testing replace-one ε.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -37,17 +39,35 @@ def run_classification_audit(
     progress: Progress | None = None,
     step_progress: StepProgress | None = None,
 ) -> AuditResult:
-    """Audit a classifier ``implementation`` once on synthetic canaries; never raises for its failures.
+    """Audit a classifier ``implementation`` on ``config.canaries.m`` synthetic canaries, split over
+    ``config.pooled_runs`` independent training runs and pooled into one audit; never raises for its
+    failures.
 
-    Seeds: one :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the
-    membership bits' and the trainer's streams, so the same seed repeats the whole audit on the same device.
+    Seeds: one :class:`numpy.random.SeedSequence` from ``config.seed`` (and the run's index) spawns each
+    run's canaries', membership bits' and trainer's streams, so the same seed repeats the whole audit on
+    the same device.
     """
     say = progress or (lambda message: None)
     clock = AuditClock(time.perf_counter())
     device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
     auditor_started = time.perf_counter()
-    canary_rng, membership_rng, training_seed = audit_streams(config.seed)
-    canaries = make_canaries(config.canaries, rng=canary_rng)
+    runs = [
+        _one_run(config, run, device=device, step_progress=_run_progress(step_progress, run, config.pooled_runs))
+        for run in range(config.pooled_runs)
+    ]
+    clock.auditor_seconds = time.perf_counter() - auditor_started
+    request = runs[0][0]
+    pooled = f" in each of {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
+    say(f"training {implementation.info.name} on {request.num_records} of {config.canaries_per_run[0]} canaries{pooled} ({device})")
+    return audit_through_contract(implementation, config, runs, m=config.audit_size, clock=clock, say=say)
+
+
+def _one_run(
+    config: AuditConfig, run: int, *, device: str, step_progress: StepProgress | None
+) -> tuple[TrainingRequest, Callable[[TrainedModel], tuple[np.ndarray, np.ndarray, None]]]:
+    """Run ``run``'s request (its own canaries and secret bits) and the scorer of its black box."""
+    canary_rng, membership_rng, training_seed = audit_streams(config.seed, run=run)
+    canaries = make_canaries(dataclasses.replace(config.canaries, m=config.canaries_per_run[run]), rng=canary_rng)
     m = canaries.m
     drawn_before, trained_on = membership_before_training(config.relation, membership_rng, m)
     request = TrainingRequest(
@@ -60,7 +80,6 @@ def run_classification_audit(
         device=device,
         progress=step_progress,
     )
-    clock.auditor_seconds = time.perf_counter() - auditor_started
 
     def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, None]:
         log_probs = query_black_box(trained, canaries.features, expected_shape=(m, canaries.num_classes))
@@ -75,5 +94,11 @@ def run_classification_audit(
             return mean_comparison_scores(log_probs, shown), membership, None
         return loss_scores(log_probs, shown), membership, None
 
-    say(f"training {implementation.info.name} on {request.num_records} of {m} canaries ({device})")
-    return audit_through_contract(implementation, config, request, score, m=m, clock=clock, say=say)
+    return request, score
+
+
+def _run_progress(step_progress: StepProgress | None, run: int, runs: int) -> StepProgress | None:
+    """Run ``run``'s steps reported as steps of all ``runs`` runs together, so one bar covers the audit."""
+    if step_progress is None or runs == 1:
+        return step_progress
+    return lambda step, steps: step_progress(run * steps + step, runs * steps)

@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -466,30 +466,53 @@ Scorer = Callable[[TrainedModel], "tuple[np.ndarray, np.ndarray, float | None]"]
 def audit_through_contract(
     implementation: Implementation,
     config: AuditSettings,
-    request: Request,
-    score: Scorer,
+    runs: Sequence[tuple[Request, Scorer]],
     *,
     m: int,
     clock: AuditClock,
     say: Progress,
     returns: type = TrainedModel,
 ) -> AuditResult:
-    """Train ``implementation`` on ``request``, convert its claim to the design's relation, ``score`` the
-    black box (the auditor's time, the black box's answers excluded) and conclude; any :class:`AuditFailure` on the way
-    ends as verdict ``error``. ``returns`` is the black-box type the request's contract promises."""
+    """Train ``implementation`` on each run's request, convert its claim to the design's relation,
+    ``score`` the black box (the auditor's time, the black box's answers excluded) and conclude on all the
+    runs' scores together; any :class:`AuditFailure` on the way ends as verdict ``error``. ``returns`` is
+    the black-box type the request's contract promises.
+
+    Pooling R independent runs is one audit of their R·m canaries: a canary changes only its own run, and
+    the runs share nothing, so the joint output is exactly as private for that canary as its run (the
+    claim's (ε, δ) and curve hold canary by canary, which is all both tests assume). The runs must make
+    the same claim; one that differs is an error, not a choice of which to test."""
     fields = result_fields(implementation, config, m)
     try:
-        trained = train_through_contract(implementation, request, returns=returns, timeout=config.timeout)
-        claim = claimed_epsilon(trained, config.relation)
-        say("querying the black box")
-        scoring_started, answering = time.perf_counter(), clock.black_box_seconds
-        scores, membership, accuracy = score(_TimedBlackBoxes(trained, clock))
-        clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
+        pooled: list[tuple[np.ndarray, np.ndarray, float | None]] = []
+        first: TrainedModel | None = None
+        for index, (request, score) in enumerate(runs):
+            trained = train_through_contract(implementation, request, returns=returns, timeout=config.timeout)
+            claim = claimed_epsilon(trained, config.relation)
+            if first is None:
+                first, first_claim = trained, claim
+            elif _claimed_numbers(trained.claim) != _claimed_numbers(first.claim) or claim[0] != first_claim[0]:
+                raise AuditFailure(
+                    f"pooled run {index + 1} claimed {trained.claim}, run 1 claimed {first.claim}; pooled runs of "
+                    "one audit must make the same claim",
+                    device=trained.device,
+                )
+            say("querying the black box")
+            scoring_started, answering = time.perf_counter(), clock.black_box_seconds
+            pooled.append(score(_TimedBlackBoxes(trained, clock)))
+            clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
+        scores = np.concatenate([run[0] for run in pooled])
+        membership = np.concatenate([run[1] for run in pooled])
+        accuracy = pooled[0][2] if len(pooled) == 1 else None
         return concluded_result(
-            fields, config, trained, scores, membership, claim=claim, clock=clock, test_accuracy=accuracy
+            fields, config, first, scores, membership, claim=first_claim, clock=clock, test_accuracy=accuracy
         )
     except AuditFailure as failure:
-        return error_result(fields, config, failure, device=request.device, clock=clock)
+        return error_result(fields, config, failure, device=runs[0][0].device, clock=clock)
+
+
+def _claimed_numbers(claim: PrivacyClaim) -> tuple:
+    return (claim.epsilon, claim.delta, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.relation)
 
 
 def draw_membership(rng: np.random.Generator, m: int) -> np.ndarray:
@@ -497,10 +520,12 @@ def draw_membership(rng: np.random.Generator, m: int) -> np.ndarray:
     return rng.choice(np.array([-1, 1], dtype=np.int8), size=m)
 
 
-def audit_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, int]:
+def audit_streams(seed: int, *, run: int = 0) -> tuple[np.random.Generator, np.random.Generator, int]:
     """``(canary rng, membership rng, trainer's seed)``: independent streams spawned from one audit seed,
-    so the same seed repeats the whole audit."""
-    canary_seq, membership_seq, training_seq = np.random.SeedSequence(seed).spawn(3)
+    so the same seed repeats the whole audit. Pooled run ``run`` ≥ 1 spawns from the seed's child
+    ``2 + run``, a stream run 0's three children never touch."""
+    root = np.random.SeedSequence(seed) if run == 0 else np.random.SeedSequence(seed, spawn_key=(2 + run,))
+    canary_seq, membership_seq, training_seq = root.spawn(3)
     return (
         np.random.default_rng(canary_seq),
         np.random.default_rng(membership_seq),

@@ -33,7 +33,7 @@ class CanaryConfig:
     ``feature_scale`` is the typical row norm in every mode (orthogonal and Dirac rows have exactly this
     norm; Gaussian rows are N(0, scale²/d) per coordinate). Unit-norm features barely get memorised by
     plain SGD; a scale near 10 lets a non-private run reach ε_L close to ε_O. Dirac canaries need
-    ``dimension >= m``.
+    ``dimension >= m`` in each run (:func:`check_dirac_room`).
     """
 
     m: int = 1000
@@ -48,11 +48,6 @@ class CanaryConfig:
         check_int("num_classes", self.num_classes, low=2)
         check_choice("mode", self.mode, CANARY_MODES)
         check_real("feature_scale", self.feature_scale, low=0.0, low_open=True)
-        if self.mode == "dirac" and self.dimension < self.m:
-            raise ValueError(
-                f"dirac canaries own one input coordinate each, so dimension must be >= m, got "
-                f"dimension={self.dimension}, m={self.m}; set dimension={self.m}"
-            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +62,15 @@ class Canaries:
     @property
     def m(self) -> int:
         return int(self.labels.shape[0])
+
+
+def check_dirac_room(*, m: int, dimension: int) -> None:
+    """Dirac canaries own one input coordinate each: a run of m of them needs ``dimension >= m``."""
+    if dimension < m:
+        raise ValueError(
+            f"dirac canaries own one input coordinate each, so dimension must be >= the canaries of a run, got "
+            f"dimension={dimension}, {m} canaries per run; set dimension={m}"
+        )
 
 
 def make_canaries(config: CanaryConfig, *, rng: np.random.Generator) -> Canaries:
@@ -87,6 +91,7 @@ def make_canaries(config: CanaryConfig, *, rng: np.random.Generator) -> Canaries
         norms = np.sqrt(np.einsum("ij,ij->i", features, features, dtype=np.float64))
         features *= (config.feature_scale / norms).astype(np.float32)[:, None]
     elif config.mode == "dirac":
+        check_dirac_room(m=m, dimension=d)
         features = np.zeros((m, d), dtype=np.float32)
         features[np.arange(m), np.arange(m)] = config.feature_scale
     else:
