@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/audits.py power        # ε_L against claimed ε, beside the paper's table
     .venv/bin/python benchmarks/audits.py profiles     # both tests' ε_L per profile, beside the perfect attacker
+    .venv/bin/python benchmarks/audits.py separation   # the claimed signal the canaries reach, per implementation
+    .venv/bin/python benchmarks/audits.py pooling      # one run of m Dirac canaries against m pooled over 4 runs
     .venv/bin/python benchmarks/audits.py detection    # every buggy variant × claimed ε × seeds
     .venv/bin/python benchmarks/audits.py noise-deficit  # smallest noise deficit 1/k caught
     .venv/bin/python benchmarks/audits.py false-alarms # many audits of correct implementations
@@ -98,7 +100,9 @@ def _add_row(rows: list[tuple], *cells) -> None:
 
 def _describe(config: AuditConfig) -> str:
     c, h = config.canaries, config.hyperparameters
-    return (f"m = {c.m}, d = {c.dimension}, h = {config.architecture.hidden_width}, C = {c.num_classes}, "
+    model = "softmax regression" if config.architecture.is_softmax_regression else f"MLP h = {config.architecture.hidden_width}"
+    return (f"m = {c.m} {c.mode} canaries in {config.pooled_runs} pooled run(s), d = {c.dimension}, {model}, "
+            f"{c.num_classes} classes, clipping C = {h.max_grad_norm:g}, "
             f"q = {h.sampling_rate:g}, {h.steps} steps, lr {h.learning_rate:g}, {config.design} design, "
             f"δ = {h.delta:g}, {config.confidence:.0%} confidence per audit, guess grid of "
             f"{len(config.guess_rule.counts(c.m))} counts with Bonferroni")
@@ -203,6 +207,44 @@ def profiles(args: argparse.Namespace) -> list[str]:
     ] + _table(columns, rows)
 
 
+def separation(args: argparse.Namespace) -> list[str]:
+    """How much of the claimed per-canary signal the profile's canaries reach in each implementation: at
+    q = 1 the claimed run is exactly μ-GDP (μ = √steps/σ), so the members' mean score minus the
+    non-members', in units of the non-members' spread, is μ for a perfect attacker."""
+    rows = []
+    steps = profile_config(args.profile).hyperparameters.steps
+    for name in args.implementations:
+        for mu in (0.5, 1.0, 2.0):
+            results = _seeded(args, name, noise_multiplier=math.sqrt(steps) / mu)
+            ratios = []
+            for r in results:
+                members, others = r.scores[r.membership == 1], r.scores[r.membership == -1]
+                ratios.append((members.mean() - others.mean()) / others.std() / mu)
+            _add_row(rows, name, mu, min(ratios), _median(ratios), max(ratios), _median(r.seconds for r in results))
+    columns = ("implementation", "claimed μ", "min separation / μ", "median", "max", "s / audit")
+    return _header("Dirac canaries reach the claimed mechanism", args) + [
+        f"{args.seeds} seed(s) per row, σ = √steps/μ given to each implementation (full batch, so the claimed run "
+        "is exactly μ-GDP). Separation: (mean member score − mean non-member score) / the non-members' "
+        "standard deviation; 1 means the black-box scores carry the whole claimed signal.",
+        "",
+    ] + _table(columns, rows)
+
+
+def pooling(args: argparse.Namespace) -> list[str]:
+    """Seconds and ε_L of one audit of m = 10⁴ Dirac canaries trained as one run or pooled over 4 runs: a
+    run's cost grows with m² (its dimension is m), so pooling buys the same canaries for less time."""
+    rows = []
+    for name in args.implementations:
+        for runs in (1, 4):
+            result = _audit(args, name, seed=0, epsilon=2.0, m=10_000, pooled_runs=runs)
+            _add_row(rows, name, f"{runs} × {10_000 // runs}", result.verdict, result.epsilon_lower_bound,
+                     result.curve_epsilon_lower_bound, result.seconds)
+    columns = ("implementation", "runs × canaries", "verdict", "ε_L", "curve-test ε", "s / audit")
+    return _header("Pooling runs: the same canaries for less time", args) + [
+        "One audit per row at target ε = 2, seed 0, the profile's setting otherwise.", "",
+    ] + _table(columns, rows)
+
+
 def detection(args: argparse.Namespace) -> list[str]:
     """Fraction of seeds on which each buggy variant is caught, per claimed ε."""
     rows = []
@@ -210,7 +252,7 @@ def detection(args: argparse.Namespace) -> list[str]:
     for implementation in variants:
         if args.only and not any(p in implementation.info.name for p in args.only):
             continue
-        for epsilon in (1.0, 2.0, 4.0):
+        for epsilon in [e for e in args.epsilons if math.isfinite(e)]:
             results = _seeded(args, implementation.info.name, epsilon=epsilon)
             caught = sum(r.verdict == "violation" for r in results)
             rows.append((implementation.info.name, implementation.info.bug, implementation.info.detectability, epsilon,
@@ -226,9 +268,9 @@ def noise_deficit(args: argparse.Namespace) -> list[str]:
     from dpverify_opacus import noise_scaled
 
     rows = []
-    for epsilon in (1.0, 2.0, 4.0):
+    for epsilon in [e for e in args.epsilons if math.isfinite(e)]:
         smallest = None
-        for k in (1.25, 1.5, 2.0, 3.0, 5.0, 10.0):
+        for k in args.deficits:
             name = register_implementation(noise_scaled(k), replace=True).info.name
             results = _seeded(args, name, epsilon=epsilon)
             rate = sum(r.verdict == "violation" for r in results) / len(results)
@@ -425,7 +467,7 @@ def _median(values: Iterable[float | None]) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "benchmark", choices=("power", "profiles", "detection", "noise-deficit", "false-alarms", "speed", "sweep", "guess-grid")
+        "benchmark", choices=("power", "profiles", "separation", "pooling", "detection", "noise-deficit", "false-alarms", "speed", "sweep", "guess-grid")
     )
     parser.add_argument("--profile", choices=PROFILE_NAMES, default="quick")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -439,6 +481,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scores", type=int, default=3, help="power: the first N scores of each design")
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     parser.add_argument("--hidden-widths", type=int, nargs="+", default=[500, 2000, 4000])
+    parser.add_argument("--deficits", type=float, nargs="+", default=[1.25, 1.5, 2.0, 3.0, 5.0, 10.0],
+                        help="noise-deficit: the factors k (noise / k) to try, in increasing order")
     parser.add_argument("--profiles", nargs="+", choices=PROFILE_NAMES, default=["quick", "standard", "mlp"])
     parser.add_argument("--ceiling-seeds", type=int, default=10, help="profiles: simulated perfect-attacker audits per row")
     parser.add_argument("--overhead-profiles", nargs="*", choices=PROFILE_NAMES, default=["quick", "standard"])

@@ -267,8 +267,9 @@ def with_target_epsilon(request: TrainingRequest, target_epsilon: float) -> Trai
 def run_conformance(
     impl: Implementation, *, request: TrainingRequest | None = None, target_epsilon: float = 1.0
 ) -> None:
-    """All checks on ``request`` (default :func:`small_request`) and on its target-ε twin
-    (:func:`with_target_epsilon`). The checks speak the classification contract; a language-model
+    """All checks on ``request`` (default :func:`small_request`), on its target-ε twin
+    (:func:`with_target_epsilon`), and the output contract on its softmax-regression twin (hidden width
+    0, the model of the default profiles). The checks speak the classification contract; a language-model
     implementation (``info.task == "language"``) is refused with a ``ValueError``."""
     if impl.info.task != "classification":
         raise ValueError(
@@ -283,3 +284,4 @@ def run_conformance(
     calibrated = check_calibration(impl, calibrated_request)
     check_output_contract(impl, calibrated_request, calibrated)
     check_claim_matches_request(impl, calibrated_request, calibrated)
+    check_output_contract(impl, dataclasses.replace(request, architecture=MLPArchitecture(hidden_width=0)))

@@ -38,12 +38,23 @@ def save_audit_plots(result: AuditResult, directory: str | Path) -> Path:
         curve.set_xscale("log")
     curve.axhline(result.claimed_epsilon, color="red", linestyle="--", label=f"claimed ε ({result.relation})")
     curve.axhline(result.optimal_epsilon, color="grey", linestyle=":", label="ε_O")
+    if result.curve_epsilon_lower_bound is not None and np.isfinite(result.curve_epsilon_lower_bound):
+        curve.axhline(result.curve_epsilon_lower_bound, color="green", linestyle="-.",
+                      label="curve test: ε of the weakest refuted member")
     curve.set_xlabel("number of guesses")
     curve.set_ylabel("ε")
-    curve.set_title(f"verdict: {result.verdict} (ε_L = {result.epsilon_lower_bound:.3f})")
+    curve.set_title(f"verdict: {result.verdict} (ε_L = {result.epsilon_lower_bound:.3f}; {_curve_outcome(result)})")
     curve.legend()
     figure.tight_layout()
     path = directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', result.implementation)}-seed{result.seed}.png"
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def _curve_outcome(result: AuditResult) -> str:
+    """The curve test in a few words: whether it refuted the claimed curve, and at which p-value."""
+    if result.curve_p_value is None:
+        return "no curve test"
+    verb = "refutes" if result.curve_refuted else "does not refute"
+    return f"curve test {verb} the claim, p = {result.curve_p_value:.2g}"

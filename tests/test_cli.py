@@ -210,8 +210,8 @@ def test_audit_runs_reports_and_shows_progress(tmp_path):
     assert data["command"] == f"dpverify audit opacus-no-noise {' '.join(SMALL)} --report {report}"
     assert data["complete"] is True and datetime.fromisoformat(data["written_at"].replace("Z", "+00:00"))
     # stderr is a pipe here: plain lines, one per stage and per tenth of the steps: 5 (q = 1, 5 epochs) in
-    # each of the quick profile's 4 pooled runs, counted as one bar.
-    assert "step 20/20" in run.stderr and "\r" not in run.stderr and "querying the black box" in run.stderr
+    # each of the quick profile's 8 pooled runs, counted as one bar.
+    assert "step 40/40" in run.stderr and "\r" not in run.stderr and "querying the black box" in run.stderr
 
 
 def test_a_terminal_without_utf8_gets_ascii_and_a_report(tmp_path):

@@ -8,13 +8,14 @@ claim-matches-request check: that check is how conformance catches it without an
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import numpy as np
 import pytest
 
 from dpverify import conformance
-from dpverify.contract import DPHyperparameters, Implementation, ImplementationInfo, PrivacyClaim, TrainedModel
+from dpverify.contract import DPHyperparameters, Implementation, ImplementationInfo, MLPArchitecture, PrivacyClaim, TrainedModel
 from dpverify.registry import registered_implementations
 
 IMPLEMENTATIONS = [impl for impl in registered_implementations() if impl.info.task == "classification"]
@@ -95,6 +96,14 @@ def test_calibration(impl, request_target):
     conformance.check_output_contract(impl, request_target, trained)
     if impl.info.bug != ACCOUNTANT_BUG:
         conformance.check_claim_matches_request(impl, request_target, trained)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.info.name)
+def test_softmax_regression_meets_the_output_contract(impl, request_sigma):
+    """Every implementation trains the default profiles' model: softmax regression (hidden width 0)."""
+    impl = _available(impl)
+    softmax = dataclasses.replace(request_sigma, architecture=MLPArchitecture(hidden_width=0))
+    conformance.check_output_contract(impl, softmax)
 
 
 # --- the suite itself fails where it should ------------------------------------------------------------

@@ -304,10 +304,11 @@ def train_poisson(
 
 def _black_boxes(model: tf.keras.Model, device_name: str, request: TrainingRequest) -> dict[str, Callable | None]:
     """``predict_log_proba`` (the main head's columns of the output) and ``predict_tag_log_proba`` (the tag
-    head's, ``None`` without tags), sharing one traced forward pass."""
+    head's, ``None`` without tags), sharing one forward pass. The pass runs eagerly: the auditor queries
+    each model once, and a function traced per trained model makes TensorFlow warn of retracing when an
+    audit pools runs."""
     dimension, chunk = request.dimension, 4096
 
-    @tf.function(input_signature=[tf.TensorSpec([None, dimension], tf.float32)])
     def logits(x):
         return model(x, training=False)
 
