@@ -301,7 +301,7 @@ def false_alarms(args: argparse.Namespace) -> list[str]:
     for name in args.implementations:
         for design in ("inclusion", "pair"):
             settings = [dict(epsilon=e, design=design) for e in (1.0, 2.0, 4.0, 8.0)]
-            groups.append((f"{name}, {design}", [_audit(args, name, seed=1000 + s, **kw) for s in range(args.seeds) for kw in settings]))
+            groups.append((f"{name}, {design}", [_audit(args, name, seed=args.first_seed + s, **kw) for s in range(args.seeds) for kw in settings]))
     configs = _hypothesis_configs(args.hypothesis_examples)
     for name in args.implementations if configs else ():
         with warnings.catch_warnings():
@@ -481,6 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scores", type=int, default=3, help="power: the first N scores of each design")
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     parser.add_argument("--hidden-widths", type=int, nargs="+", default=[500, 2000, 4000])
+    parser.add_argument("--first-seed", type=int, default=1000, help="false-alarms: the first audit seed (seeds follow it)")
     parser.add_argument("--deficits", type=float, nargs="+", default=[1.25, 1.5, 2.0, 3.0, 5.0, 10.0],
                         help="noise-deficit: the factors k (noise / k) to try, in increasing order")
     parser.add_argument("--profiles", nargs="+", choices=PROFILE_NAMES, default=["quick", "standard", "mlp"])
