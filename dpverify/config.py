@@ -279,7 +279,7 @@ def _dirac_profile(*, runs_of: int, pooled_runs: int, max_grad_norm: float, time
     A clipped canary moves its own column of weights by lr·C/N per step, so the learning rate is 1/C
     (the run is then the same at every C); the features' scale of 100 keeps every canary's gradient far
     above C, so each is clipped. At q = 1 the claimed run is exactly μ-GDP, and the canaries' scores
-    separate by 0.96–1.03 of that μ (measured on Opacus; benchmarks/results/dirac.md)."""
+    separate by 0.96–1.01 of that μ in every bundled implementation (benchmarks/results/dirac.md)."""
     return AuditConfig(
         timeout=timeout,
         pooled_runs=pooled_runs,
