@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -50,16 +50,22 @@ def run_classification_audit(
     say = progress or (lambda message: None)
     clock = AuditClock(time.perf_counter())
     device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
-    auditor_started = time.perf_counter()
-    runs = [
-        _one_run(config, run, device=device, step_progress=_run_progress(step_progress, run, config.pooled_runs))
-        for run in range(config.pooled_runs)
-    ]
-    clock.auditor_seconds = time.perf_counter() - auditor_started
-    request = runs[0][0]
-    pooled = f" in each of {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
-    say(f"training {implementation.info.name} on {request.num_records} of {config.canaries_per_run[0]} canaries{pooled} ({device})")
-    return audit_through_contract(implementation, config, runs, m=config.audit_size, clock=clock, say=say)
+    pooled = f" in {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
+    say(f"training {implementation.info.name} on {config.audit_size} canaries{pooled} ({device})")
+    runs = _runs(config, device=device, clock=clock, step_progress=step_progress)
+    return audit_through_contract(implementation, config, runs, m=config.audit_size, clock=clock, say=say, device=device)
+
+
+def _runs(
+    config: AuditConfig, *, device: str, clock: AuditClock, step_progress: StepProgress | None
+) -> Iterator[tuple[TrainingRequest, Callable[[TrainedModel], tuple[np.ndarray, np.ndarray, None]]]]:
+    """Each pooled run's request and scorer, made only when its turn comes: a run's canaries are m/R × d
+    floats, and holding every run's at once would cost R times that (10 GB for the gpu profile)."""
+    for run in range(config.pooled_runs):
+        started = time.perf_counter()
+        prepared = _one_run(config, run, device=device, step_progress=_run_progress(step_progress, run, config.pooled_runs))
+        clock.auditor_seconds += time.perf_counter() - started
+        yield prepared
 
 
 def _one_run(

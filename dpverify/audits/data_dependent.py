@@ -81,7 +81,9 @@ def run_data_audit(
         return (*score_audit_records(trained), accuracy)
 
     say(f"training {implementation.info.name} on {request.num_records} records of {split.name} ({device})")
-    return audit_through_contract(implementation, config, [(request, score)], m=config.data.m, clock=clock, say=say)
+    return audit_through_contract(
+        implementation, config, [(request, score)], m=config.data.m, clock=clock, say=say, device=request.device
+    )
 
 
 RecordScorer = Callable[[TrainedModel], tuple[np.ndarray, np.ndarray]]

@@ -213,5 +213,5 @@ def run_language_audit(
 
     say(f"training {implementation.info.name} on {request.num_records} of {m} token canaries ({device})")
     return audit_through_contract(
-        implementation, config, [(request, score)], m=m, clock=clock, say=say, returns=SequenceModel
+        implementation, config, [(request, score)], m=m, clock=clock, say=say, device=request.device, returns=SequenceModel
     )  # type: ignore[arg-type]  # the shared steps read only what both configs have

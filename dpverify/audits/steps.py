@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -466,17 +466,18 @@ Scorer = Callable[[TrainedModel], "tuple[np.ndarray, np.ndarray, float | None]"]
 def audit_through_contract(
     implementation: Implementation,
     config: AuditSettings,
-    runs: Sequence[tuple[Request, Scorer]],
+    runs: Iterable[tuple[Request, Scorer]],
     *,
     m: int,
     clock: AuditClock,
     say: Progress,
+    device: str,
     returns: type = TrainedModel,
 ) -> AuditResult:
     """Train ``implementation`` on each run's request, convert its claim to the design's relation,
     ``score`` the black box (the auditor's time, the black box's answers excluded) and conclude on all the
     runs' scores together; any :class:`AuditFailure` on the way ends as verdict ``error``. ``returns`` is
-    the black-box type the request's contract promises.
+    the black-box type the request's contract promises; ``device`` is where training was asked to run.
 
     Pooling R independent runs is one audit of their R·m canaries: a canary changes only its own run, and
     the runs share nothing, so the joint output is exactly as private for that canary as its run (the
@@ -508,7 +509,7 @@ def audit_through_contract(
             fields, config, first, scores, membership, claim=first_claim, clock=clock, test_accuracy=accuracy
         )
     except AuditFailure as failure:
-        return error_result(fields, config, failure, device=runs[0][0].device, clock=clock)
+        return error_result(fields, config, failure, device=device, clock=clock)
 
 
 def _claimed_numbers(claim: PrivacyClaim) -> tuple:
