@@ -88,8 +88,9 @@ def _audit(args: argparse.Namespace, name: str, *, seed: int, profile: str | Non
 
 
 def _seeded(args: argparse.Namespace, name: str, **settings) -> list[AuditResult]:
-    """``name`` audited with ``settings`` on seeds 0 … ``args.seeds`` − 1."""
-    return [_audit(args, name, seed=s, **settings) for s in range(args.seeds)]
+    """``name`` audited with ``settings`` on ``args.seeds`` seeds from ``--first-seed`` (default 0)."""
+    first = args.first_seed if args.first_seed is not None else 0
+    return [_audit(args, name, seed=first + s, **settings) for s in range(args.seeds)]
 
 
 def _add_row(rows: list[tuple], *cells) -> None:
@@ -297,11 +298,11 @@ def false_alarms(args: argparse.Namespace) -> list[str]:
     """Many audits of correct implementations at 95 %: violations (and those from the curve test) with the
     Clopper–Pearson interval of the rate, over seeds × claimed ε ∈ {1, 2, 4, 8} × both canary designs, and
     Hypothesis-drawn configurations."""
-    groups = []
+    groups, first = [], args.first_seed if args.first_seed is not None else 1000
     for name in args.implementations:
         for design in ("inclusion", "pair"):
             settings = [dict(epsilon=e, design=design) for e in (1.0, 2.0, 4.0, 8.0)]
-            groups.append((f"{name}, {design}", [_audit(args, name, seed=args.first_seed + s, **kw) for s in range(args.seeds) for kw in settings]))
+            groups.append((f"{name}, {design}", [_audit(args, name, seed=first + s, **kw) for s in range(args.seeds) for kw in settings]))
     configs = _hypothesis_configs(args.hypothesis_examples)
     for name in args.implementations if configs else ():
         with warnings.catch_warnings():
@@ -481,7 +482,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scores", type=int, default=3, help="power: the first N scores of each design")
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     parser.add_argument("--hidden-widths", type=int, nargs="+", default=[500, 2000, 4000])
-    parser.add_argument("--first-seed", type=int, default=1000, help="false-alarms: the first audit seed (seeds follow it)")
+    parser.add_argument("--first-seed", type=int, default=None,
+                        help="the first audit seed, the others follow it (default 0; false-alarms 1000)")
     parser.add_argument("--deficits", type=float, nargs="+", default=[1.25, 1.5, 2.0, 3.0, 5.0, 10.0],
                         help="noise-deficit: the factors k (noise / k) to try, in increasing order")
     parser.add_argument("--profiles", nargs="+", choices=PROFILE_NAMES, default=["quick", "standard", "mlp"])
