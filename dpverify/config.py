@@ -16,7 +16,9 @@ from dpverify.stats.scoring import SCORE_KINDS, GuessRule
 Design = Literal["inclusion", "pair", "multitask", "in_distribution", "mislabeled", "two_world"]
 #: Designs on real data (``config.data``): UniAud++ and the two O(1) baselines it is compared with.
 DATA_DESIGNS: tuple[str, ...] = ("multitask", "in_distribution", "mislabeled")
-DESIGNS: tuple[str, ...] = ("inclusion", "pair") + DATA_DESIGNS + ("two_world",)
+#: Designs on synthetic canaries (UniAud), the only ones that pool runs.
+SYNTHETIC_DESIGNS: tuple[str, ...] = ("inclusion", "pair")
+DESIGNS: tuple[str, ...] = SYNTHETIC_DESIGNS + DATA_DESIGNS + ("two_world",)
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DESIGN_RELATION = {
     "inclusion": "add_remove",
@@ -73,7 +75,7 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check_timeout(self.timeout)
         check_int("pooled_runs", self.pooled_runs, low=1)
-        if self.pooled_runs > 1 and self.design not in ("inclusion", "pair"):
+        if self.pooled_runs > 1 and self.design not in SYNTHETIC_DESIGNS:
             raise ValueError(
                 f"pooled_runs pools independent runs of synthetic canaries (designs inclusion, pair), got "
                 f"pooled_runs={self.pooled_runs} with design={self.design!r}; set pooled_runs=1"
@@ -191,11 +193,12 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
     def pick(names: tuple[str, ...]) -> dict[str, Any]:
         return {k: overrides[k] for k in names if k in overrides}
 
+    design = overrides.get("design", config.design)
     top_fields = pick(TOP_FIELDS)
-    if overrides.get("design", config.design) not in ("inclusion", "pair"):
+    if design not in SYNTHETIC_DESIGNS:
         top_fields.setdefault("pooled_runs", 1)  # only synthetic canaries pool runs
     canary_fields, data_fields = pick(CANARY_FIELDS), pick(DATA_FIELDS)
-    if overrides.get("design", config.design) in DATA_DESIGNS and "m" in canary_fields:
+    if design in DATA_DESIGNS and "m" in canary_fields:
         data_fields["m"] = canary_fields.pop("m")
     if canary_fields.get("mode", config.canaries.mode) == "dirac" and "dimension" not in canary_fields:
         # A Dirac canary owns a coordinate: the dimension follows the canaries per run unless the user sets it.

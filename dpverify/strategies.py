@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dpverify._validation import check_int, check_real
 from dpverify.canaries.synthetic import CANARY_MODES, CanaryConfig
-from dpverify.config import DESIGNS, AuditConfig, profile_config
+from dpverify.config import DESIGNS, SYNTHETIC_DESIGNS, AuditConfig, profile_config
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
 from dpverify.canaries.worlds import WORLD_KINDS, TwoWorldConfig
@@ -213,7 +213,7 @@ def audit_configs(
     min_hidden_width: int = 100,
     max_hidden_width: int = 1000,
     max_pooled_runs: int = 2,
-    designs: tuple[str, ...] = ("inclusion", "pair"),
+    designs: tuple[str, ...] = SYNTHETIC_DESIGNS,
     data: st.SearchStrategy[DataAuditConfig] | None = None,
     worlds: st.SearchStrategy[TwoWorldConfig] | None = None,
 ) -> st.SearchStrategy[AuditConfig]:
@@ -242,7 +242,7 @@ def audit_configs(
 @st.composite
 def _audit_configs(draw, guess_rule, canaries, hyperparameters, hidden_widths, max_pooled_runs, design, data, worlds) -> AuditConfig:
     design, canaries = draw(design), draw(canaries)
-    synthetic = design in ("inclusion", "pair")
+    synthetic = design in SYNTHETIC_DESIGNS
     hidden_width = draw(st.one_of(st.just(0), hidden_widths) if synthetic else hidden_widths)
     return AuditConfig(
         canaries=canaries,
