@@ -22,6 +22,7 @@ from dpverify.audits.steps import (
     AuditFailure,
     Progress,
     claimed_epsilon,
+    claimed_run,
     query_black_box,
     resolve_device,
     train_through_contract,
@@ -49,9 +50,8 @@ CurveForClaim = Callable[[PrivacyClaim, str], "TradeOffCurve | None"]
 def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
     """The exact GDP μ a full-batch claim asserts: √steps/σ (add/remove; sensitivity C against noise σC),
     2√steps/σ (replace-one: sensitivity 2C); ``None`` when q < 1 or σ = 0 (no GDP curve; design rule 9)."""
-    if claim.sampling_rate < 1.0 or claim.noise_multiplier <= 0.0:
-        return None
-    return (2.0 if relation == "replace_one" else 1.0) * math.sqrt(claim.steps) / claim.noise_multiplier
+    mu = claimed_run(claim, relation).mu
+    return None if mu is None or math.isinf(mu) else mu
 
 
 def full_batch_gdp_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve | None:
