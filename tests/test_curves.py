@@ -180,6 +180,16 @@ def test_subsampled_curve_test_is_consistent():
     assert not curve_refutes(10_000, GRID_GUESSES, correct, curve=weaker.curve(), confidence=1 - 0.05 / 7).any()
 
 
+@pytest.mark.parametrize("sigma, m, refutable", [(1.0, 100, True), (1.0, 4, False), (0.0, 100, False)])
+def test_refutable_says_whether_every_guess_right_would_refute(sigma, m, refutable):
+    """Four canaries cannot refute 1-GDP even if every guess is right (p ≈ 0.23); nothing refutes no noise."""
+    claim = ClaimedRun(noise_multiplier=sigma, steps=1)
+    guesses = np.unique(np.array([m // 4, m // 2, m]))
+    result = curve_test(m, guesses, guesses // 2, claim=claim, delta=DELTA)
+    assert result.refutable is refutable and not result.refuted
+    assert refutable == bool(np.any(curve_refutes(m, guesses, guesses, curve=claim.curve())))
+
+
 def test_a_claim_without_noise_is_never_refuted():
     result = curve_test(1000, 1000, 1000, claim=ClaimedRun(noise_multiplier=0.0, steps=5), delta=DELTA)
     assert not result.refuted and result.claimed_epsilon == math.inf and result.epsilon > 4

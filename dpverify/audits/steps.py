@@ -387,8 +387,7 @@ def curve_outcome(outcome: GuessOutcome, run: ClaimedRun, *, m: int, guess_rule:
     guesses, correct = outcome.counts
     per_count = guess_rule.corrected_confidence(confidence)
     result = curve_test(m, guesses, correct, claim=run, delta=delta, confidence=per_count)
-    decidable = result.refuted or bool(np.any(curve_refutes(m, guesses, guesses, curve=run.curve(), confidence=per_count)))
-    return CurveOutcome(result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, decidable)
+    return CurveOutcome(result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable)
 
 
 def decide_verdict(

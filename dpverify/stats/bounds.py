@@ -196,7 +196,7 @@ def _largest_rejected_mu(m, r, v, level, upper: float) -> np.ndarray:
     def rejected(mu: np.ndarray) -> np.ndarray:
         return mmc.rejected(m, r, v, level, _gdp_inverse, mu).reshape(mu.shape)
 
-    return _largest_rejected(rejected, np.full(m.shape[0], upper), points=63)
+    return _largest_rejected(rejected, np.full(m.shape[0], upper), points=1022)
 
 
 def _gdp_inverse(x, mu):
@@ -282,23 +282,25 @@ def _largest_rejected(
     """Per row, the largest x in [0, upper] with ``rejected`` true on all of [0, x], to ``tolerance``.
 
     ``rejected`` maps an (n, k) array of parameters to booleans and should be true below a threshold
-    and false above it. Each round evaluates ``points`` grid points inside the bracket and keeps the
-    cell where the first non-rejected one lies, so the result is the *first* crossing even if the
-    test were not monotone, and it is returned from below: every grid point up to it was rejected.
-    Few points suit tests that are cheap per point; many suit tests whose cost is in the rounds.
+    and false above it. Each round evaluates the bracket's ends and ``points`` grid points inside it
+    and keeps the cell where the first non-rejected one lies, so the result is the *first* crossing
+    even if the test were not monotone, and it is returned from below: every grid point up to it was
+    rejected (0 when 0 itself is not). Few points suit tests that are cheap per point; many suit
+    tests whose cost is in the rounds (the f-DP recursion costs as much for 10⁴ entries as for one).
     """
     upper = np.asarray(upper, dtype=float)
-    lo = np.zeros_like(upper)
-    hi = np.where(rejected(lo[:, None])[:, 0], upper, 0.0)  # x = 0 not rejected: the bound is 0
-    fractions = np.arange(1, points + 2) / (points + 1)  # the last point is ``hi`` itself
+    lo, hi = np.zeros_like(upper), upper
+    fractions = np.arange(points + 2) / (points + 1)  # lo, the points inside, hi
     rows = np.arange(lo.size)
-    while np.any(hi - lo > tolerance):
+    while True:
         grid = lo[:, None] + (hi - lo)[:, None] * fractions
         ok = rejected(grid)
-        first_fail = np.where(ok.all(axis=1), points + 1, np.argmin(ok, axis=1))
-        padded = np.concatenate([lo[:, None], grid], axis=1)
-        lo, hi = padded[rows, first_fail], padded[rows, np.minimum(first_fail + 1, points + 1)]
-    return lo
+        first_fail = np.where(ok.all(axis=1), points + 2, np.argmin(ok, axis=1))
+        # lo itself fails only in the first round (later rounds start from a rejected point): then 0
+        lo = np.where(first_fail == 0, 0.0, grid[rows, np.maximum(first_fail - 1, 0)])
+        hi = np.where(first_fail == 0, 0.0, grid[rows, np.minimum(first_fail, points + 1)])
+        if not np.any(hi - lo > tolerance):
+            return lo
 
 
 def _gdp_epsilon(mu: np.ndarray, delta: float) -> np.ndarray:

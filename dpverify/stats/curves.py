@@ -230,10 +230,12 @@ class CurveTest:
     of the weakest refuted member of the claim's family (0 when no member within reach is
     refuted), ``noise_multiplier`` its σ (∞ then) and ``mu`` its GDP μ at q = 1. ``tail_bounds``
     holds, per guess count, an upper bound on P[at least that many correct] under the claimed
-    curve; ``p_value`` is the smallest of them, to compare with the per-count level.
+    curve; ``p_value`` is the smallest of them, to compare with the per-count level. ``refutable``:
+    whether these guess counts could refute the claim at all (every guess correct would).
     """
 
     refuted: bool
+    refutable: bool
     p_value: float
     tail_bounds: np.ndarray
     epsilon: float
@@ -256,7 +258,9 @@ def curve_test(m, guesses, correct, *, claim: ClaimedRun, delta, confidence=0.95
         raise ValueError(f"claim must be a ClaimedRun, got {claim!r}")
     delta, level = _level(delta, confidence)
     m, r, v, _ = _counts(m, guesses, correct)
-    refuted = _refutes(claim, m, r, v, level)
+    # One recursion decides both the counts and all-guesses-correct (what the counts could refute).
+    both = mmc.rejected(np.tile(m, 2), np.tile(r, 2), np.concatenate([v, r]), level, claim.curve().inverse_complement)
+    refuted, refutable = bool(np.any(both[: m.size])), bool(np.any(both))
     if claim.mu is not None:
         upper = max(_MU_MAX, 2 * claim.mu) if math.isfinite(claim.mu) else _MU_MAX
         mu = float(np.max(_largest_rejected_mu(m, r, v, level, upper)))
@@ -270,6 +274,7 @@ def curve_test(m, guesses, correct, *, claim: ClaimedRun, delta, confidence=0.95
     tails = _tail_bounds(claim.curve(), m, r, v)
     return CurveTest(
         refuted=refuted,
+        refutable=refutable,
         p_value=float(np.min(tails)),
         tail_bounds=tails,
         epsilon=epsilon,
@@ -347,5 +352,5 @@ def _tail_bounds(curve: TradeOffCurve, m, r, v) -> np.ndarray:
     def rejected(x: np.ndarray) -> np.ndarray:
         return mmc.rejected(m, r, v, 10.0**-x, curve.inverse_complement).reshape(x.shape)
 
-    x = _largest_rejected(rejected, np.full(m.shape[0], _TAIL_DECADES), points=31, tolerance=_TAIL_TOLERANCE)
+    x = _largest_rejected(rejected, np.full(m.shape[0], _TAIL_DECADES), points=255, tolerance=_TAIL_TOLERANCE)
     return 10.0**-x

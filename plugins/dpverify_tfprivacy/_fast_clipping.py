@@ -149,6 +149,18 @@ def make_dp_model(
     return model
 
 
+def _create_step_variables(model: tf.keras.Model, features: tf.Tensor, targets: tf.Tensor) -> None:
+    """Create what ``DPModel.train_step`` creates on its first call (its clipping loss, the compiled loss and
+    metrics, the optimizer's variables) from one record, so that each run traces its step once, not twice
+    (see :func:`_keras.create_step_variables`). Only metric states see the record; no weight moves."""
+    model._make_clipping_loss()  # noqa: SLF001 (TF-Privacy's own lazy build, done early)
+    predicted = model(features, training=False)
+    model._clipping_loss.build(predicted)  # noqa: SLF001
+    model.compiled_loss.build(predicted)
+    model.compiled_metrics.build(predicted, targets)
+    _keras.create_step_variables(model.optimizer, model)
+
+
 def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float) -> _keras.KerasRun:
     """Train the designated MLP on ``request`` with TF-Privacy's fast-clipping DP model (or its mutation)."""
     hp = request.hyperparameters
@@ -161,6 +173,7 @@ def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float) -> _
             l2_norm_clip=hp.max_grad_norm,
             learning_rate=hp.learning_rate,
         )
+        _create_step_variables(model, features[:1], targets[:1])
 
         def dp_sgd_step(indices):
             model.train_step((tf.gather(features, indices), tf.gather(targets, indices)))

@@ -240,6 +240,7 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
         optimizer = make_dp_optimizer(
             step, l2_norm_clip=hp.max_grad_norm, noise_multiplier=noise_multiplier, learning_rate=hp.learning_rate
         )
+        create_step_variables(optimizer, model)
         loss_per_record = per_example_loss(request)
 
         def dp_sgd_step(indices):
@@ -255,14 +256,21 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
     return train_poisson(request, make_step)
 
 
+def create_step_variables(optimizer: tf.keras.optimizers.legacy.Optimizer, model: tf.keras.Model) -> None:
+    """Create the legacy optimizer's variables (step counter, hyperparameters) before the DP step is traced:
+    a ``tf.function`` whose first trace creates variables is traced a second time, and every pooled run
+    traces its own step, so this saves a trace (about 0.3 s on a CPU) per run."""
+    optimizer._create_all_weights(model.trainable_variables)  # noqa: SLF001 (Keras 2 has no public build for it)
+
+
 def train_poisson(
     request: TrainingRequest,
     make_step: Callable[[tf.Tensor, tf.Tensor], tuple[tf.keras.Model, Callable[[tf.Tensor], None], tf.Variable]],
 ) -> KerasRun:
     """The run every TF-Privacy path shares: seeds, device, Poisson batches, divergence check, black boxes.
 
-    ``make_step(features, targets)`` builds the model and returns it, its DP step on a batch of record
-    indices, and the optimizer's step counter; the step is traced once (``tf.function`` with a ``[None]``
+    ``make_step(features, targets)`` builds the model and every variable its step uses, and returns the
+    model, its DP step on a batch of record indices, and the optimizer's step counter; the step is traced once (``tf.function`` with a ``[None]``
     index signature), so variable Poisson batch sizes never retrace it. ``request.seed`` fixes the
     initialisation and the noise (TensorFlow's global seed, with op determinism enabled for the process)
     and the Poisson batches (a numpy generator). Exactly ``request.hyperparameters.steps`` steps are drawn;
