@@ -6,6 +6,7 @@
     python benchmarks/two_world.py speed         # seconds per 1000 runs
     python benchmarks/two_world.py catalog       # bugs.md rows 6, 7, 9, 11, 12 against the correct path
     python benchmarks/two_world.py shuffle-gap   # the Poisson claim against a shuffled run's final sum
+    python benchmarks/two_world.py noise-deficit # Opacus with its noise divided by k, where one run cannot tell
 
 Each writes a table to ``benchmarks/results/two-world*.md``. The reference and Opacus memoise their
 accountants' ε per distinct (σ, q, steps, δ) in the process (pure functions that cost more than a small
@@ -341,25 +342,8 @@ def catalog(args: argparse.Namespace) -> None:
     ]
     for case in _catalog_cases():
         for name in (case.variant, "opacus-ghost"):
-            results = [
-                run_two_world_audit(
-                    implementation(name), world=case.world(), runs=case.runs, hyperparameters=case.hyperparameters,
-                    architecture=MLPArchitecture(hidden_width=0), confidence=0.95, seed=seed,
-                )
-                for seed in range(args.audits)
-            ]  # fmt: skip
-            errors = [r for r in results if r.verdict == "error"]
-            if errors:
-                raise SystemExit(f"{name}: {errors[0].error}")
-            eps = [r.epsilon_lower_bound for r in results]
-            mus = [r.bound.gdp_mu_lower_bound for r in results]
-            mu_claim = "–" if results[0].claimed_mu is None else f"{results[0].claimed_mu:.3f}"
-            lines.append(
-                f"| {case.row} | {name} | {results[0].world} | {case.setting} | {case.runs} | "
-                f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | {_range(eps)} | {_range(mus)} | "
-                f"{results[0].claimed_epsilon:.3f} / {mu_claim} | {np.mean([r.seconds_per_run for r in results]):.4f} |"
-            )
-            print(lines[-1], flush=True)
+            results = _seeded_audits(implementation(name), case.world(), case.runs, case.hyperparameters, args.audits)
+            lines.append(_audits_row([case.row, name, results[0].world, case.setting, case.runs], results))
     _write(args.output or "two-world-catalog.md", lines)
 
 
@@ -388,6 +372,69 @@ def shuffle_gap(args: argparse.Namespace) -> None:
     _write(args.output or "two-world-shuffle.md", lines)
 
 
+def noise_deficit(args: argparse.Namespace) -> None:
+    """Opacus (hooks mode, the faster per run here) with its noise divided by k and its claim kept, in the
+    replace-one worst-case world of ``power``, seeds 0 … ``--audits`` − 1 per row: the two-world audit's
+    answer to a deficit that no one-run test resolves at small ε (benchmarks/results/noise-deficit-standard*.md)."""
+    from dpverify_opacus import noise_scaled
+
+    world = worst_case_record_worlds(records=1, relation="replace_one", dimension=args.dimension, scale=args.scale)
+    lines = header(
+        "Two-world audit of a noise deficit",
+        args,
+        [
+            f"- implementation: opacus-hooks with its noise std divided by k (`noise_scaled(k, grad_sample_mode='hooks')`), "
+            f"softmax regression (hidden_width=0, zero init) {args.dimension} → 2; world: {world.name} (as `power`)",
+            f"- q = 1, {args.steps} step(s), C = 1, lr = {args.noise_step}/σ, δ = {DELTA}; σ chosen so that the exact "
+            "replace-one GDP ε of the claim is the target; 95 % confidence per audit shared by the (ε, δ) and the GDP "
+            "tests; a row is caught when the verdict is a violation",
+        ],
+    )
+    lines += [
+        "| target ε | k | runs per world | violations | ε_L (min – max) | μ_L (min – max) | claimed ε / μ | s/run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for target, runs in zip(args.epsilons, args.runs_by_epsilon):
+        sigma = 2 * math.sqrt(args.steps) / _mu_for_epsilon(target)
+        hp = DPHyperparameters(
+            noise_multiplier=sigma, sampling_rate=1.0, epochs=args.steps, learning_rate=args.noise_step / sigma,
+            delta=DELTA,
+        )  # fmt: skip
+        for k in args.deficits:
+            results = _seeded_audits(noise_scaled(k, grad_sample_mode="hooks"), world, runs, hp, args.audits)
+            lines.append(_audits_row([f"{target:g}", f"{k:g}", runs], results))
+    _write(args.output or "two-world-noise-deficit.md", lines)
+
+
+def _seeded_audits(audited, world: TwoWorlds, runs: int, hyperparameters: DPHyperparameters, audits: int) -> list[TwoWorldResult]:
+    """Two-world audits of softmax regression at seeds 0 … ``audits`` − 1, 95 % each; an error stops the benchmark."""
+    results = [
+        run_two_world_audit(
+            audited, world=world, runs=runs, hyperparameters=hyperparameters,
+            architecture=MLPArchitecture(hidden_width=0), confidence=0.95, seed=seed,
+        )
+        for seed in range(audits)
+    ]  # fmt: skip
+    errors = [r for r in results if r.verdict == "error"]
+    if errors:
+        raise SystemExit(f"{audited.info.name}: {errors[0].error}")
+    return results
+
+
+def _audits_row(cells: list, results: list[TwoWorldResult]) -> str:
+    """A table row: ``cells``, then violations, the ranges of ε_L and μ_L, the claim and seconds per run."""
+    eps = [r.epsilon_lower_bound for r in results]
+    mus = [r.bound.gdp_mu_lower_bound for r in results]
+    mu_claim = "–" if results[0].claimed_mu is None else f"{results[0].claimed_mu:.3f}"
+    row = (
+        "| " + " | ".join(str(c) for c in cells) + f" | {sum(r.verdict == 'violation' for r in results)} / {len(results)} | "
+        f"{_range(eps)} | {_range(mus)} | {results[0].claimed_epsilon:.3f} / {mu_claim} | "
+        f"{np.mean([r.seconds_per_run for r in results]):.4f} |"
+    )
+    print(row, flush=True)
+    return row
+
+
 def _mu_for_epsilon(epsilon: float) -> float:
     low, high = 1e-3, 50.0
     for _ in range(100):
@@ -410,7 +457,9 @@ def _write(name: str, lines: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("finding", "false-alarms", "power", "speed", "catalog", "shuffle-gap"))
+    parser.add_argument(
+        "what", choices=("finding", "false-alarms", "power", "speed", "catalog", "shuffle-gap", "noise-deficit")
+    )
     parser.add_argument("--runs", type=int, default=200, help="runs per world")
     parser.add_argument("--audits", type=int, default=100)
     parser.add_argument("--sigma", type=float, default=3.0)
@@ -424,6 +473,11 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0, help="power: the clipping norm C")
     parser.add_argument("--seed", type=int, default=0, help="power: the audit seed (pilots use others)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--deficits", type=float, nargs="+", default=[1.5], help="noise-deficit: the factors k")
+    parser.add_argument(
+        "--runs-by-epsilon", type=int, nargs="+", default=[10_000, 5000, 2000],
+        help="noise-deficit: runs per world for each of --epsilons, in order",
+    )  # fmt: skip
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
     parser.add_argument("--output", help="file name under benchmarks/results/")
     args = parser.parse_args()
@@ -437,6 +491,7 @@ def main() -> None:
         "speed": speed,
         "catalog": catalog,
         "shuffle-gap": shuffle_gap,
+        "noise-deficit": noise_deficit,
     }
     subcommands[args.what](args)
 

@@ -15,20 +15,29 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from dpverify import __version__
-from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES
+from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES
 
 #: The target ε when neither ``--epsilon`` nor ``--set noise_multiplier=`` is given.
 DEFAULT_EPSILON = 2.0
 #: Exit status of a run stopped by Ctrl-C (128 + SIGINT), as a shell reports it.
 INTERRUPTED = 130
-#: Measured seconds per audit, for ``--profile``'s help (source: benchmarks/results/speed.md,
-#: detection-tf-lm.md; issue 11 for a loaded machine).
-PROFILE_HELP = (
-    "quick (CI): m = 1000, one full-batch run of 20 steps; per audit on a 2-core CPU under 1 s for "
-    "opacus-ghost and reference-dpsgd, about 46 s for opacus-hooks and 75-205 s for TF-Privacy "
-    "(benchmarks/results/speed.md, detection-tf-lm.md), several times that on a loaded machine. "
-    "standard: m = 2000. paper: the paper's setting (wants a GPU)"
-)
+#: Measured seconds per audit on a quiet 2-core CPU, for ``--profile``'s help (benchmarks/results/main-job.md,
+#: noise-deficit-standard-250k.md); each profile's size comes from its config.
+PROFILE_SECONDS = {
+    "quick": "2-4 s per audit for Opacus and the reference, 4-10 s for TF-Privacy on a 2-core CPU (main-job.md)",
+    "standard": "about 30 s for opacus-ghost and 90 s for TF-Privacy Keras on a 2-core CPU",
+    "gpu": "wants a GPU",
+    "mlp": "UniAud's MLP, for models with hidden layers",
+    "paper": "the paper's setting, wants a GPU",
+}
+
+
+def _profile_help() -> str:
+    parts = []
+    for name, config in PROFILES.items():
+        runs = f" in {config.pooled_runs} pooled runs" if config.pooled_runs > 1 else ""
+        parts.append(f"{name}: m = {config.canaries.m} {config.canaries.mode} canaries{runs}, {PROFILE_SECONDS[name]}")
+    return "; ".join(parts) + " (quick is what CI runs)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("names", nargs="*", help="implementation names or glob patterns (see `dpverify list`)")
     audit.add_argument("--all", action="store_true", help="audit every registered, available implementation")
-    audit.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help=PROFILE_HELP)
+    audit.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help=_profile_help())
     audit.add_argument(
         "--epsilon",
         type=float,

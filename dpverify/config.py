@@ -308,7 +308,7 @@ def _dirac_profile(*, runs_of: int, pooled_runs: int, max_grad_norm: float, time
 #: for them too (:data:`MLP_PROFILES`): ``profile_config`` picks by the design asked for.
 PROFILES: dict[str, AuditConfig] = {
     "quick": _dirac_profile(runs_of=2500, pooled_runs=8, max_grad_norm=0.5, timeout=1800),
-    "standard": _dirac_profile(runs_of=2500, pooled_runs=40, max_grad_norm=2.0, timeout=1800),
+    "standard": _dirac_profile(runs_of=2500, pooled_runs=100, max_grad_norm=2.0, timeout=1800),
     "gpu": _dirac_profile(runs_of=10_000, pooled_runs=25, max_grad_norm=2.0, timeout=3600),
     # A full batch averages each record's clipped gradient over N, so the learning rate is 5 to let a run
     # without noise memorise its canaries (lr 1 left a missing-noise bug at ε_L ≈ 1.7).

@@ -29,6 +29,8 @@ class AuditResult:
       whether it refuted f; ``curve_epsilon_lower_bound`` is the ε at δ of the weakest member of the claim's
       family (less noise) it still refutes, to compare with ``curve_claimed_epsilon``, the claimed curve's
       own ε at δ; ``curve_p_value`` its smallest tail bound; ``curve_mu`` the refuted GDP μ at q = 1.
+      ``curve_runs`` > 1: the canaries came from that many independent runs, each tested on its own and
+      their p-values combined (Fisher), which sees what the runs' independence adds.
 
     The verdict is
 
@@ -66,6 +68,7 @@ class AuditResult:
     curve_refuted: bool = False
     curve_p_value: float | None = None
     curve_mu: float | None = None
+    curve_runs: int = 1
     threshold: float | None = None
     claim_consistent: bool = True
     estimator: str = "steinke"
@@ -111,6 +114,7 @@ class AuditResult:
             "curve_refuted": self.curve_refuted,
             "curve_p_value": _json_float(self.curve_p_value),
             "curve_mu": _json_float(self.curve_mu),
+            "curve_runs": self.curve_runs,
             "threshold": _json_float(self.threshold),
             "claim_consistent": self.claim_consistent,
             "confidence": self.confidence,
@@ -163,7 +167,8 @@ class AuditResult:
                 f"{'REFUTED' if self.curve_refuted else 'not refuted'}, weakest refuted member at "
                 f"ε = {self.curve_epsilon_lower_bound:.4g}"
                 + (f" (GDP μ = {self.curve_mu:.4g})" if self.curve_mu else "")
-                + f", smallest tail bound {self.curve_p_value:.3g}."
+                + f", smallest tail bound {self.curve_p_value:.3g}"
+                + (f" (Fisher's combination over {self.curve_runs} independent runs)." if self.curve_runs > 1 else ".")
             )
         if not self.claim_consistent:
             head += f" {self.claim_derivation}."

@@ -105,6 +105,9 @@ def test_a_pooled_audit_is_its_runs_side_by_side_and_its_first_run_is_the_unpool
     # Each further run draws its own secret bits (and canary labels, hence scores).
     assert not np.array_equal(pooled.membership[200:400], pooled.membership[:200])
     assert not np.array_equal(pooled.scores[400:], pooled.scores[200:400])
+    # The curve test treats each run on its own and combines them; the report says so.
+    assert (single.curve_runs, pooled.curve_runs) == (1, 3) and pooled.to_dict()["curve_runs"] == 3
+    assert "Fisher's combination over 3 independent runs" in pooled.summary()
 
 
 class ClaimsDrift(Memoriser):

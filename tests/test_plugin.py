@@ -45,6 +45,14 @@ def test_help_lists_every_option_with_its_ini_and_env_twin(pytester):
     assert "--dp-audit " in text
 
 
+def test_the_plugin_offers_every_profile_and_device():
+    """The plugin spells the choices out (its start-up imports nothing heavy); they must stay the config's."""
+    from dpverify.config import DEVICES, PROFILE_NAMES
+    from dpverify.pytest.options import DEVICE_CHOICES, PROFILE_CHOICES
+
+    assert PROFILE_CHOICES == PROFILE_NAMES and DEVICE_CHOICES == DEVICES
+
+
 def test_without_dp_audit_audits_are_skipped_with_a_reason(project):
     project.makepyfile("def test_mine(dp_audit):\n    dp_audit('leaky')\n")
     result = run(project, "-rs")

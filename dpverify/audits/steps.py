@@ -27,7 +27,7 @@ import numpy as np
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel
 from dpverify.results import AuditResult
 from dpverify.stats.bounds import epsilon_lower_bound
-from dpverify.stats.curves import ClaimedRun, GaussianCurve, curve_refutes, curve_test
+from dpverify.stats.curves import ClaimedRun, GaussianCurve, combined_curve_test, curve_refutes, curve_test
 from dpverify.stats.scoring import GuessRule, count_correct, guesses_from_scores
 
 Progress = Callable[[str], None]
@@ -372,7 +372,8 @@ class CurveOutcome:
     ``refuted`` the claimed curve, ``epsilon`` the ε at the claim's δ of the weakest refuted member of the
     claim's family (σ at fixed q, steps), ``claimed_epsilon`` the claimed curve's own ε at that δ,
     ``p_value`` the smallest tail bound (to compare with the per-count level), ``mu`` the refuted GDP μ at
-    q = 1; ``decidable``: whether every guess correct would refute the claimed curve."""
+    q = 1; ``decidable``: whether every guess correct would refute the claimed curve; ``runs``: how many
+    independent runs it combined."""
 
     refuted: bool
     epsilon: float
@@ -380,14 +381,40 @@ class CurveOutcome:
     p_value: float
     mu: float | None
     decidable: bool
+    runs: int
 
 
-def curve_outcome(outcome: GuessOutcome, run: ClaimedRun, *, m: int, guess_rule: GuessRule, confidence: float, delta: float) -> CurveOutcome:
-    """The curve test of ``run`` on ``outcome``'s counts, at ``confidence`` split over the guess grid."""
-    guesses, correct = outcome.counts
+def curve_outcome(
+    outcome: GuessOutcome,
+    run: ClaimedRun,
+    *,
+    scores: np.ndarray,
+    membership: np.ndarray,
+    run_sizes: tuple[int, ...],
+    guess_rule: GuessRule,
+    confidence: float,
+    delta: float,
+) -> CurveOutcome:
+    """The curve test of ``run`` at ``confidence`` split over the guess grid: on ``outcome``'s counts for
+    one run; for R pooled runs (``scores`` and ``membership`` run after run, ``run_sizes`` long), each run
+    guesses on its own scores and :func:`~dpverify.stats.curves.combined_curve_test` combines them."""
     per_count = guess_rule.corrected_confidence(confidence)
-    result = curve_test(m, guesses, correct, claim=run, delta=delta, confidence=per_count)
-    return CurveOutcome(result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable)
+    if len(run_sizes) == 1:
+        guesses, correct = outcome.counts
+        result = curve_test(run_sizes[0], guesses, correct, claim=run, delta=delta, confidence=per_count)
+    else:
+        guesses = guess_rule.run_counts(run_sizes)
+        ends = np.cumsum(run_sizes)
+        correct = np.array(
+            [
+                [count_correct(guesses_from_scores(scores[end - size : end], int(k), sides=guess_rule.sides), membership[end - size : end]) for k in row]
+                for size, end, row in zip(run_sizes, ends, guesses)
+            ]
+        )
+        result = combined_curve_test(run_sizes, guesses, correct, claim=run, delta=delta, confidence=per_count)
+    return CurveOutcome(
+        result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, len(run_sizes)
+    )
 
 
 def decide_verdict(
@@ -416,6 +443,7 @@ def concluded_result(
     claim: tuple[float, str],
     clock: AuditClock,
     test_accuracy: float | None = None,
+    run_sizes: tuple[int, ...] | None = None,
 ) -> AuditResult:
     """Both tests and the verdict of ``scores`` against ``membership``, as the audit's result; ``claim`` is
     :func:`claimed_epsilon` of ``trained`` in the design's relation. Both tests use the δ the claim holds at
@@ -426,7 +454,16 @@ def concluded_result(
     steinke_confidence, curve_confidence = split_confidence(config.confidence)
     outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke_confidence, delta=delta)
     run = claimed_run(trained.claim, config.relation)
-    curve = curve_outcome(outcome, run, m=m, guess_rule=config.guess_rule, confidence=curve_confidence, delta=delta)
+    curve = curve_outcome(
+        outcome,
+        run,
+        scores=scores,
+        membership=membership,
+        run_sizes=run_sizes or (m,),
+        guess_rule=config.guess_rule,
+        confidence=curve_confidence,
+        delta=delta,
+    )
     verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m, delta=delta, curve=curve)
     inconsistency = claim_inconsistency(trained.claim)
     if inconsistency:
@@ -443,6 +480,7 @@ def concluded_result(
         curve_refuted=curve.refuted,
         curve_p_value=curve.p_value,
         curve_mu=curve.mu,
+        curve_runs=curve.runs,
         guesses=outcome.guesses,
         correct=outcome.correct,
         optimal_epsilon=audit_ceiling(config, m, delta=delta),
@@ -505,7 +543,15 @@ def audit_through_contract(
         membership = np.concatenate([run[1] for run in pooled])
         accuracy = pooled[0][2] if len(pooled) == 1 else None
         return concluded_result(
-            fields, config, first, scores, membership, claim=first_claim, clock=clock, test_accuracy=accuracy
+            fields,
+            config,
+            first,
+            scores,
+            membership,
+            claim=first_claim,
+            clock=clock,
+            test_accuracy=accuracy,
+            run_sizes=tuple(len(run[0]) for run in pooled),
         )
     except AuditFailure as failure:
         return error_result(fields, config, failure, device=device, clock=clock)

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-PROFILE_CHOICES = ("quick", "standard", "paper")
+#: :data:`dpverify.config.PROFILE_NAMES`, spelled out so that start-up imports nothing heavy (a test keeps them equal).
+PROFILE_CHOICES = ("quick", "standard", "gpu", "mlp", "paper")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
@@ -111,8 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
         "profile",
         _choice(PROFILE_CHOICES),
         "quick",
-        "audit profile: quick (CI on 2 CPU cores: seconds per audit for Opacus ghost and the reference, minutes "
-        "for opacus-hooks and TF-Privacy, see benchmarks/results/speed.md), standard, or paper (GPU)",
+        "audit profile: quick (CI on 2 CPU cores: seconds per audit), standard (a minute or two per audit), gpu, "
+        "mlp (UniAud's MLP) or paper (GPU); `dpverify audit --help` gives each one's size",
         "NAME",
     ),
     Setting(
@@ -159,10 +160,10 @@ SETTINGS: tuple[Setting, ...] = (
         "timeout",
         _seconds,
         None,
-        "time limit of one audit's training in seconds; past it the audit ends as verdict error naming the "
+        "time limit of one training run in seconds (a pooled audit trains several); past it the audit ends as verdict error naming the "
         "limit",
         "SECONDS",
-        shown_default="the profile's (quick 1800, standard 3600, paper 14400)",
+        shown_default="the profile's (30 min per training run, 1 h for gpu, 4 h for paper)",
     ),
     Setting("report", str, None, "write a JSON report of every audit to PATH (rewritten after each audit)", "PATH", shown_default="none"),
     Setting("plots", str, None, "write per-audit PNG plots to DIR (needs matplotlib)", "DIR", shown_default="none"),

@@ -120,6 +120,14 @@ class GuessRule:
             return np.array([min(self.count, m)])
         return np.unique(np.clip(np.round(np.array(self.fractions) * m).astype(int), 1, m))
 
+    def run_counts(self, sizes) -> np.ndarray:
+        """Each run's guess counts, one row per run of ``sizes`` canaries and one column per try: the same
+        fractions of every run (a fixed count as its share of all the runs' canaries), between 1 and the
+        run's size. Columns may repeat; the Bonferroni correction counts them all."""
+        sizes = np.asarray(sizes, dtype=int)
+        fractions = np.array([self.count / sizes.sum()] if self.count is not None else self.fractions)
+        return np.clip(np.round(fractions[None, :] * sizes[:, None]).astype(int), 1, sizes[:, None])
+
     @property
     def tries(self) -> int:
         """How many counts the Bonferroni correction divides the level by (fixed before seeing m)."""

@@ -319,8 +319,9 @@ def variant(name: str) -> OpacusImplementation:
     raise KeyError(f"no Opacus variant named {name!r}; known: {', '.join(s.name for s in VARIANTS)}")
 
 
-def noise_scaled(k: float) -> OpacusImplementation:
-    """Opacus (ghost mode) whose noise std is divided by ``k`` while the claim stays Opacus' claim for σ.
+def noise_scaled(k: float, *, grad_sample_mode: str = "ghost") -> OpacusImplementation:
+    """Opacus (ghost mode unless ``grad_sample_mode`` says otherwise) whose noise std is divided by ``k``
+    while the claim stays Opacus' claim for σ.
 
     Not registered; for benchmarks of the smallest noise deficit an audit catches. ``k = 1`` is the
     correct library."""
@@ -333,7 +334,7 @@ def noise_scaled(k: float) -> OpacusImplementation:
         detectability=("D1" if k >= 10 else "D2" if k >= 2 else "D3") if k > 1 else None,
         notes="benchmark variant: DPOptimizer.add_noise with noise_multiplier / k",
     )
-    return OpacusImplementation(info, grad_sample_mode="ghost", tweak="scaled_noise", tweak_args={"scale": 1.0 / k})
+    return OpacusImplementation(info, grad_sample_mode=grad_sample_mode, tweak="scaled_noise", tweak_args={"scale": 1.0 / k})
 
 
 def implementations() -> list[Implementation]:
