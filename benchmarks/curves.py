@@ -28,7 +28,7 @@ import numpy as np
 from scipy import optimize
 
 from dpverify.stats.bounds import epsilon_lower_bound
-from dpverify.stats.curves import ClaimedRun, curve_refutes, curve_test
+from dpverify.stats.curves import ClaimedRun, combined_curve_test, curve_refutes, curve_test
 from dpverify.stats.scoring import GuessRule
 
 DELTA = 1e-5
@@ -52,32 +52,55 @@ def audit(
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """One audit's guess counts, correct counts and Steinke ε_L (max over the grid, each count at
     ``confidence``)."""
-    members = rng.random(m) < 0.5
-    ranked = members[np.argsort(-(mu_true * members + rng.standard_normal(m)))]
+    members, scores = _draw(mu_true, m, rng)
     counts = RULE.counts(m)
-    correct = np.array([ranked[: (k + 1) // 2].sum() + (~ranked[m - k // 2 :]).sum() for k in counts])
+    correct = _correct(members, scores, counts)
     steinke = float(np.max(epsilon_lower_bound(m, counts, correct, delta=DELTA, confidence=confidence)))
     return counts, correct, steinke
 
 
-def perfect_attacker(epsilon: float, m: int, *, seeds: int, rng: np.random.Generator, deficit: float = 1.0) -> tuple[float, float, float]:
+def _draw(mu_true: float, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    members = rng.random(m) < 0.5
+    return members, mu_true * members + rng.standard_normal(m)
+
+
+def _correct(members: np.ndarray, scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Correct two-sided guesses per count: ⌈k/2⌉ top scores guessed in, ⌊k/2⌋ bottom guessed out."""
+    ranked = members[np.argsort(-scores)]
+    return np.array([ranked[: (k + 1) // 2].sum() + (~ranked[ranked.size - k // 2 :]).sum() for k in counts])
+
+
+def perfect_attacker(
+    epsilon: float, m: int, *, runs: int = 1, seeds: int, rng: np.random.Generator, deficit: float = 1.0
+) -> tuple[float, float, float]:
     """What a perfect attacker reaches under dpverify's verdict rule: the audit's 95 % split evenly between
     the Steinke and the curve test, each split over the guess grid. Returns the median Steinke ε_L, the
     median curve-test ε over ``seeds`` audits of m canaries whose scores come from the μ-GDP mechanism with
     ε = ``epsilon`` at δ (noise divided by ``deficit``), and the fraction of those audits whose verdict
-    refutes the claim. ε = ∞ scores separate perfectly."""
+    refutes the claim. ε = ∞ scores separate perfectly. With ``runs`` > 1 the m canaries are split over
+    that many independent runs, as a pooled audit: the Steinke bound on all of them, the curve test
+    per run and combined (:func:`~dpverify.stats.curves.combined_curve_test`)."""
     from dpverify.audits.steps import split_confidence
 
     steinke_level, curve_level = (RULE.corrected_confidence(c) for c in split_confidence(CONFIDENCE))
     mu = mu_for(epsilon) if np.isfinite(epsilon) else 50.0
     claim = ClaimedRun(noise_multiplier=1 / mu, steps=1)
+    sizes = np.array([part.size for part in np.array_split(np.arange(m), runs)])
     rows = []
     for _ in range(seeds):
-        counts, correct, steinke = audit(deficit * mu, m, rng, confidence=steinke_level)
+        members, scores = _draw(deficit * mu, m, rng)
+        counts = RULE.counts(m)
+        correct = _correct(members, scores, counts)
+        steinke = float(np.max(epsilon_lower_bound(m, counts, correct, delta=DELTA, confidence=steinke_level)))
         if not np.isfinite(epsilon):
             rows.append((steinke, float("nan"), False))
             continue
-        curve = curve_test(m, counts, correct, claim=claim, delta=DELTA, confidence=curve_level)
+        if runs == 1:
+            curve = curve_test(m, counts, correct, claim=claim, delta=DELTA, confidence=curve_level)
+        else:
+            guesses, ends = RULE.run_counts(sizes), np.cumsum(sizes)
+            per_run = [_correct(members[e - n : e], scores[e - n : e], row) for n, e, row in zip(sizes, ends, guesses)]
+            curve = combined_curve_test(sizes, guesses, np.array(per_run), claim=claim, delta=DELTA, confidence=curve_level)
         rows.append((steinke, curve.epsilon, steinke > epsilon or curve.refuted))
     steinke_values, curve_values, caught = zip(*rows)
     return float(np.median(steinke_values)), float(np.nanmedian(curve_values)) if np.isfinite(epsilon) else float("nan"), float(np.mean(caught))

@@ -22,10 +22,10 @@ DEFAULT_EPSILON = 2.0
 #: Exit status of a run stopped by Ctrl-C (128 + SIGINT), as a shell reports it.
 INTERRUPTED = 130
 #: Measured seconds per audit on a quiet 2-core CPU, for ``--profile``'s help (benchmarks/results/main-job.md,
-#: noise-deficit-standard-250k.md); each profile's size comes from its config.
+#: profiles-standard.md); each profile's size comes from its config.
 PROFILE_SECONDS = {
-    "quick": "2-4 s per audit for Opacus and the reference, 4-10 s for TF-Privacy on a 2-core CPU (main-job.md)",
-    "standard": "about 30 s for opacus-ghost and 90 s for TF-Privacy Keras on a 2-core CPU",
+    "quick": "about 1 s per audit for Opacus ghost and the reference, 2-6 s for opacus-hooks and TF-Privacy on a 2-core CPU",
+    "standard": "21-30 s for opacus-ghost (profiles-standard.md), about 95 s for TF-Privacy Keras on a 2-core CPU",
     "gpu": "wants a GPU",
     "mlp": "UniAud's MLP, for models with hidden layers",
     "paper": "the paper's setting, wants a GPU",

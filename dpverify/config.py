@@ -307,7 +307,7 @@ def _dirac_profile(*, runs_of: int, pooled_runs: int, max_grad_norm: float, time
 #: The data designs (UniAud++ and its baselines) need hidden layers, so each profile names an MLP setting
 #: for them too (:data:`MLP_PROFILES`): ``profile_config`` picks by the design asked for.
 PROFILES: dict[str, AuditConfig] = {
-    "quick": _dirac_profile(runs_of=2500, pooled_runs=8, max_grad_norm=0.5, timeout=1800),
+    "quick": _dirac_profile(runs_of=2500, pooled_runs=4, max_grad_norm=0.5, timeout=1800),
     "standard": _dirac_profile(runs_of=2500, pooled_runs=100, max_grad_norm=2.0, timeout=1800),
     "gpu": _dirac_profile(runs_of=10_000, pooled_runs=25, max_grad_norm=2.0, timeout=3600),
     # A full batch averages each record's clipped gradient over N, so the learning rate is 5 to let a run

@@ -14,6 +14,7 @@ import pytest
 
 import dpverify
 from dpverify.cli import ProgressLine, main
+from dpverify.config import PROFILES
 
 REPO = Path(__file__).resolve().parents[1]
 #: Two audits of a few seconds each on a busy 2-core CPU.
@@ -72,6 +73,13 @@ def test_options_are_checked_at_the_door_and_named_as_typed(options, message, ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "target_epsilon" not in err
+
+
+@pytest.mark.parametrize("pooled_runs", [1, 2])
+def test_an_audit_that_could_only_end_undecided_is_refused_before_training(pooled_runs, capsys):
+    """Eight canaries cannot refute even a fully private curve, pooled as one run or tested as two."""
+    assert main(["audit", "reference-dpsgd", "--m", "8", "--set", f"pooled_runs={pooled_runs}", "--epsilon", "50"]) == 2
+    assert "m = 8 canaries can show at most" in capsys.readouterr().err
 
 
 def test_all_with_names_is_a_usage_error(capsys):
@@ -210,8 +218,9 @@ def test_audit_runs_reports_and_shows_progress(tmp_path):
     assert data["command"] == f"dpverify audit opacus-no-noise {' '.join(SMALL)} --report {report}"
     assert data["complete"] is True and datetime.fromisoformat(data["written_at"].replace("Z", "+00:00"))
     # stderr is a pipe here: plain lines, one per stage and per tenth of the steps: 5 (q = 1, 5 epochs) in
-    # each of the quick profile's 8 pooled runs, counted as one bar.
-    assert "step 40/40" in run.stderr and "\r" not in run.stderr and "querying the black box" in run.stderr
+    # each of the quick profile's pooled runs, counted as one bar.
+    steps = 5 * PROFILES["quick"].pooled_runs
+    assert f"step {steps}/{steps}" in run.stderr and "\r" not in run.stderr and "querying the black box" in run.stderr
 
 
 def test_a_terminal_without_utf8_gets_ascii_and_a_report(tmp_path):

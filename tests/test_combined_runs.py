@@ -9,6 +9,7 @@ import pytest
 from dpverify.stats.curves import (
     ClaimedRun,
     combined_curve_test,
+    combined_refutes,
     curve_refutes,
     curve_test,
     fisher_combination,
@@ -103,6 +104,8 @@ def test_outcome_agrees_with_itself_and_one_run_is_never_bolder_than_curve_test(
         result = combined_curve_test([PER_RUN] * RUNS, counts, correct, claim=claim, delta=DELTA)
         assert result.refuted == (result.epsilon >= result.claimed_epsilon) == (result.p_value <= 0.05)
         assert result.refutable and result.claimed_epsilon == pytest.approx(claim.epsilon(DELTA))
+        decided = combined_refutes([PER_RUN] * RUNS, counts, correct, curve=claim.curve())
+        assert decided.shape == (counts.shape[1],) and result.refuted == bool(np.any(decided))
         one = combined_curve_test([PER_RUN], counts[:1], correct[:1], claim=claim, delta=DELTA)
         exact = curve_test(PER_RUN, counts[0], correct[0], claim=claim, delta=DELTA)
         assert exact.refuted or not one.refuted  # a run's bound is rounded up to its grid

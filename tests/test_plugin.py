@@ -101,7 +101,7 @@ def test_bad_values_name_their_source(project, monkeypatch):
     result.stderr.fnmatch_lines(["*command-line option --dp-audit-confidence='1.5' is invalid: confidence must be in (0, 1)*"])
     monkeypatch.setenv("DPVERIFY_PROFILE", "huge")
     result = run(project)
-    result.stderr.fnmatch_lines(["*environment variable DPVERIFY_PROFILE='huge' is invalid*quick, standard, paper*"])
+    result.stderr.fnmatch_lines(["*environment variable DPVERIFY_PROFILE='huge' is invalid*quick, standard, gpu, mlp, paper*"])
 
 
 def test_marker_settings_reach_the_audit_and_are_validated(project):

@@ -27,7 +27,14 @@ import numpy as np
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel
 from dpverify.results import AuditResult
 from dpverify.stats.bounds import epsilon_lower_bound
-from dpverify.stats.curves import ClaimedRun, GaussianCurve, combined_curve_test, curve_refutes, curve_test
+from dpverify.stats.curves import (
+    ClaimedRun,
+    GaussianCurve,
+    combined_curve_test,
+    combined_refutes,
+    curve_refutes,
+    curve_test,
+)
 from dpverify.stats.scoring import GuessRule, count_correct, guesses_from_scores
 
 Progress = Callable[[str], None]
@@ -93,11 +100,16 @@ def audit_ceiling(config: AuditSettings, m: int | None = None, *, delta: float |
 def curve_test_can_refute(config: AuditSettings, m: int | None = None) -> bool:
     """Whether every guess right would let the curve test refute even a perfectly private mechanism's
     curve (f(α) = 1 − α). When it cannot, no claimed curve is within this audit's reach; when it can, some
-    claims are, whatever their ε, so an audit above its ceiling ε_O may still decide."""
-    m = config.audit_size if m is None else m
-    counts = config.guess_rule.counts(m)
+    claims are, whatever their ε, so an audit above its ceiling ε_O may still decide. Pooled runs are
+    asked what the audit will ask them: each run's counts, combined."""
+    sizes = getattr(config, "canaries_per_run", (config.audit_size,)) if m is None else (m,)
     confidence = config.guess_rule.corrected_confidence(split_confidence(config.confidence)[1])
-    return bool(np.any(curve_refutes(m, counts, counts, curve=GaussianCurve(mu=0.0), confidence=confidence)))
+    curve = GaussianCurve(mu=0.0)
+    if len(sizes) == 1:
+        counts = config.guess_rule.counts(sizes[0])
+        return bool(np.any(curve_refutes(sizes[0], counts, counts, curve=curve, confidence=confidence)))
+    counts = config.guess_rule.run_counts(sizes)
+    return bool(np.any(combined_refutes(sizes, counts, counts, curve=curve, confidence=confidence)))
 
 
 def canaries_needed(config: AuditSettings, claimed_epsilon: float, *, delta: float | None = None) -> int | None:
