@@ -370,7 +370,7 @@ def guess_and_bound(
     rule's Bonferroni-corrected ``confidence``, so the maximum keeps ``confidence``."""
     m = int(scores.shape[0])
     counts = guess_rule.counts(m)
-    corrects = np.array([count_correct(guesses_from_scores(scores, int(k), sides=guess_rule.sides), membership) for k in counts])
+    corrects = _correct_counts(scores, membership, counts, guess_rule.sides)
     confidence = guess_rule.corrected_confidence(confidence)
     bounds = np.atleast_1d(epsilon_lower_bound(m, counts, corrects, delta=delta, confidence=confidence))
     rows = tuple((int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds))
@@ -416,17 +416,17 @@ def curve_outcome(
         result = curve_test(run_sizes[0], guesses, correct, claim=run, delta=delta, confidence=per_count)
     else:
         guesses = guess_rule.run_counts(run_sizes)
-        ends = np.cumsum(run_sizes)
-        correct = np.array(
-            [
-                [count_correct(guesses_from_scores(scores[end - size : end], int(k), sides=guess_rule.sides), membership[end - size : end]) for k in row]
-                for size, end, row in zip(run_sizes, ends, guesses)
-            ]
-        )
+        parts = np.split(np.arange(scores.shape[0]), np.cumsum(run_sizes)[:-1])
+        correct = np.array([_correct_counts(scores[i], membership[i], row, guess_rule.sides) for i, row in zip(parts, guesses)])
         result = combined_curve_test(run_sizes, guesses, correct, claim=run, delta=delta, confidence=per_count)
     return CurveOutcome(
         result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, len(run_sizes)
     )
+
+
+def _correct_counts(scores: np.ndarray, membership: np.ndarray, counts, sides) -> np.ndarray:
+    """Correct guesses at each of ``counts``, guessing from ``scores`` against the secret bits ``membership``."""
+    return np.array([count_correct(guesses_from_scores(scores, int(k), sides=sides), membership) for k in counts])
 
 
 def decide_verdict(
