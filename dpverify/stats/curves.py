@@ -238,7 +238,8 @@ class CurveTest:
     of the weakest refuted member of the claim's family (0 when no member within reach is
     refuted), ``noise_multiplier`` its σ (∞ then) and ``mu`` its GDP μ at q = 1. ``tail_bounds``
     holds, per guess count, an upper bound on P[at least that many correct] under the claimed
-    curve; ``p_value`` is the smallest of them, to compare with the per-count level. ``refutable``:
+    curve (from :func:`combined_curve_test`, the runs' combined p-value per count); ``p_value`` is the
+    smallest of them, to compare with the per-count level. ``refutable``:
     whether these guess counts could refute the claim at all (every guess correct would).
     """
 
