@@ -116,9 +116,7 @@ class GuessRule:
 
     def counts(self, m: int) -> np.ndarray:
         """The distinct guess counts for m canaries (a fixed count is capped at m)."""
-        if self.count is not None:
-            return np.array([min(self.count, m)])
-        return np.unique(np.clip(np.round(np.array(self.fractions) * m).astype(int), 1, m))
+        return np.unique(self.run_counts([m])[0])
 
     def run_counts(self, sizes) -> np.ndarray:
         """Each run's guess counts, one row per run of ``sizes`` canaries and one column per try: the same

@@ -270,8 +270,9 @@ def train_poisson(
     """The run every TF-Privacy path shares: seeds, device, Poisson batches, divergence check, black boxes.
 
     ``make_step(features, targets)`` builds the model and every variable its step uses, and returns the
-    model, its DP step on a batch of record indices, and the optimizer's step counter; the step is traced once (``tf.function`` with a ``[None]``
-    index signature), so variable Poisson batch sizes never retrace it. ``request.seed`` fixes the
+    model, its DP step on a batch of record indices, and the optimizer's step counter; the step is traced
+    once (``tf.function`` with a ``[None]`` index signature), so variable Poisson batch sizes never
+    retrace it. ``request.seed`` fixes the
     initialisation and the noise (TensorFlow's global seed, with op determinism enabled for the process)
     and the Poisson batches (a numpy generator). Exactly ``request.hyperparameters.steps`` steps are drawn;
     an empty batch (probability (1-q)^N) leaves the weights unchanged, because TF-Privacy's DP steps
