@@ -77,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
         "crafted neighbouring datasets: --set world=, runs=, records=, outputs=). Language models take "
         "inclusion or pair",
     )
+    audit.add_argument(
+        "--worlds",
+        default=None,
+        metavar="WORLDS",
+        help="the two-world (many-run) audits run beside each one-run audit: applicable (every crafted world "
+        "that applies to the implementation, see `dpverify list`), none, or comma-separated world names "
+        "(default: applicable; none when --design is given)",
+    )
     audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design), >= 1")
     audit.add_argument("--epochs", type=int, default=None, help=">= 1")
     audit.add_argument(
@@ -194,6 +202,7 @@ def _bound(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from dpverify.gate import applicable_worlds
     from dpverify.registry import registered_implementations
 
     _import_all(args.imports)
@@ -212,12 +221,14 @@ def _list(args: argparse.Namespace) -> int:
                 "expected": info.expected,
                 "detectability": info.detectability,
                 "breaks": info.breaks,
+                "issue": info.issue,
+                "two_world_worlds": list(applicable_worlds(info)),
             }
         )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("name", "task", "library", "version", "status", "expected", "what it breaks")
+    header = ("name", "task", "library", "version", "status", "expected", "two-world worlds", "what it breaks")
     table = [header] + [
         (
             row["name"],
@@ -225,7 +236,8 @@ def _list(args: argparse.Namespace) -> int:
             row["library"],
             row["version"] or "not installed",
             "available" if row["available"] else f"unavailable: {row['unavailable_reason']}",
-            "private" if row["expected"] == "private" else f"buggy variant, {row['detectability']}",
+            _expectation(row),
+            ",".join(row["two_world_worlds"]) or "-",
             row["breaks"] or "-",
         )
         for row in rows
@@ -237,8 +249,16 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _expectation(row: dict[str, Any]) -> str:
+    """What a listed implementation is expected to do, as the table says it."""
+    if row["expected"] == "known-issue":
+        return f"known issue {row['issue']}"
+    return "private" if row["expected"] == "private" else f"buggy variant, {row['detectability']}"
+
+
 def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import run_audit
+    from dpverify.gate import gate_audits
     from dpverify.registry import registered_implementations
     from dpverify.session import AuditSession, audit_entry, outcome_as_expected
 
@@ -261,16 +281,17 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
     if not chosen:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
+    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args))
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm.
-    session.planned_audits = sum(impl.info.expected == "private" for impl in chosen)
-    plan = _plan(chosen, args.profile, overrides, session)
+    session.planned_audits = sum(audit.counted for audit in audits)
+    plan = _plan(audits, args.profile, overrides, session)
     _refuse_undecidable(plan)
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
     try:
-        for index, (implementation, config) in enumerate(plan, start=1):
-            label = f"[{index}/{len(plan)}] {implementation.info.name}"
+        for index, (audit, implementation, config) in enumerate(plan, start=1):
+            label = f"[{index}/{len(plan)}] {_audit_name(audit)}"
             reason = implementation.unavailable_reason()
             if reason:
                 print(f"{label}: skipped: {reason}", file=sys.stderr)
@@ -278,7 +299,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             progress = ProgressLine(sys.stderr, label)
             result = run_audit(implementation, config, progress=progress.stage, step_progress=progress.step)
             progress.finish(_outcome(result))
-            session.results.append(audit_entry(result, implementation, nodeid=f"dpverify audit {implementation.info.name}"))
+            session.results.append(audit_entry(result, implementation, nodeid=f"dpverify audit {_audit_name(audit)}"))
             session.write_report(complete=False)
             if args.plots:
                 from dpverify.plots import save_audit_plots
@@ -343,25 +364,48 @@ def _import_all(targets: Sequence[str]) -> None:
             raise ValueError(f"--import {target} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _plan(chosen: list[Any], profile: str, overrides: dict[str, object], session: Any) -> list[tuple[Any, Any]]:
-    """``(implementation, audit config)`` for every chosen implementation, all built (and so checked)
+def _worlds(args: argparse.Namespace) -> str | tuple[str, ...]:
+    """``--worlds`` as :func:`dpverify.gate.gate_audits` takes it: a word or world names; by default every
+    world that applies, none when ``--design`` asks for one design."""
+    if args.worlds is None:
+        return "none" if args.design is not None else "applicable"
+    text = args.worlds.strip()
+    return text if text in ("applicable", "none") else tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _audit_name(audit: Any) -> str:
+    """An audit as the table and the progress lines name it: the implementation, and the world if any."""
+    return audit.implementation_name if audit.world is None else f"{audit.implementation_name} two-world {audit.world}"
+
+
+def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session: Any) -> list[tuple[Any, Any, Any]]:
+    """``(gate audit, implementation, audit config)`` for every planned audit, all built (and so checked)
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
-    of audits."""
+    of audits. A two-world audit of the gate takes, of the settings, only those its world lets change."""
+    from dpverify.config import TWO_WORLD_GATE_SETTINGS, two_world_config
+    from dpverify.registry import get_implementation
+
     plan = []
-    for implementation in chosen:
+    for audit in audits:
+        implementation = get_implementation(audit.implementation_name)
         try:
-            config = _config_for(implementation, profile, overrides).with_overrides(
+            if audit.world is None:
+                config = _config_for(implementation, profile, overrides)
+            else:
+                taken = {k: v for k, v in overrides.items() if k in TWO_WORLD_GATE_SETTINGS}
+                config = two_world_config(profile, audit.world, **taken)
+            config = config.with_overrides(
                 device=session.device,
-                seed=session.audit_seed(implementation.info.name),
+                seed=session.audit_seed(audit.seed_key),
                 confidence=session.per_audit_confidence,
             )
         except ValueError as exc:
-            raise ValueError(f"{implementation.info.name}: {exc}") from exc
-        plan.append((implementation, config))
+            raise ValueError(f"{_audit_name(audit)}: {exc}") from exc
+        plan.append((audit, implementation, config))
     return plan
 
 
-def _refuse_undecidable(plan: list[tuple[Any, Any]]) -> None:
+def _refuse_undecidable(plan: list[tuple[Any, Any, Any]]) -> None:
     """Refuse, before any training, an audit whose target ε is at or above its ceiling ε_O (the largest
     ε_L its m canaries could show, every guess right) and whose curve test could refute no curve at all:
     it could only end undecided. (Above ε_O the curve test may still refute the claimed mechanism, whose
@@ -369,7 +413,7 @@ def _refuse_undecidable(plan: list[tuple[Any, Any]]) -> None:
     from dpverify.audits.steps import MAX_CANARIES, audit_ceiling, canaries_needed, curve_test_can_refute
 
     refused = []
-    for implementation, config in plan:
+    for _audit, implementation, config in plan:
         target = config.hyperparameters.target_epsilon
         if target is None or config.design == "two_world":  # the two-world audit decides this itself
             continue

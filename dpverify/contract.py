@@ -336,7 +336,9 @@ class ImplementationInfo:
     unmodified library whose audit found a real, reported leak sets ``expected="known-issue"`` and the
     upstream report's address in ``issue``: its violation is a finding, reported with its evidence,
     never hidden. ``task`` says what it trains: ``classification`` (a :class:`TrainingRequest` for the
-    MLP) or ``language`` (token sequences for a small causal transformer).
+    MLP) or ``language`` (token sequences for a small causal transformer). ``microbatches`` says the
+    implementation can group records into microbatches (TF-Privacy's ``num_microbatches``), so the default
+    gate also runs the two-world microbatch world on it.
     """
 
     name: str
@@ -350,6 +352,7 @@ class ImplementationInfo:
     detectability: Detectability | None = None
     issue: str | None = None
     notes: str = ""
+    microbatches: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

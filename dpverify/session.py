@@ -59,6 +59,8 @@ class AuditSession:
     planned_audits: int = 0
     confidence_per_audit: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    #: The default gate's two-world audits: ``"applicable"``, ``"none"`` or world names (:mod:`dpverify.gate`).
+    worlds: str | tuple[str, ...] = "applicable"
     strict: bool = False
     timeout: float | None = None
     audits_started: int = 0
@@ -147,9 +149,10 @@ class AuditSession:
     def summary_lines(self, *, ascii: bool = False) -> list[str]:
         """The terminal table: one row per audit, expected outcomes marked apart from unexpected ones. The
         test column tells apart two audits of one implementation; the note says why an audit errored or
-        how many canaries an undecided one needs. ``ascii`` spells ε and ∞ in ASCII before the columns are
+        how many canaries an undecided one needs. ε_L is the (ε, δ) test's bound, curve ε_L the curve test's
+        (the ε of the weakest member of the claim's family it refutes; either test can decide). ``ascii`` spells ε and ∞ in ASCII before the columns are
         aligned, for a terminal that cannot show them."""
-        header = ("implementation", "test", "design", "relation", "claimed ε", "ε_L", "ε_O", "verdict", "expected", "s", "note")
+        header = ("implementation", "test", "design", "relation", "claimed ε", "ε_L", "curve ε_L", "ε_O", "verdict", "expected", "s", "note")
         rows = [header]
         for r in sorted(self.results, key=lambda r: (r["implementation"], r.get("nodeid") or "", r["seed"])):
             expected = r["expected"] if r["detectability"] is None else f"{r['expected']} ({r['detectability']})"
@@ -157,10 +160,11 @@ class AuditSession:
                 (
                     r["implementation"],
                     r.get("nodeid") or "-",
-                    r["design"],
+                    _design(r),
                     r["relation"],
                     _fmt(r, "claimed_epsilon"),
                     _fmt(r, "epsilon_lower_bound"),
+                    _fmt(r, "curve_epsilon_lower_bound"),
                     _fmt(r, "optimal_epsilon"),
                     f"{r['verdict']} {outcome_mark(r)}".rstrip(),
                     expected,
@@ -234,6 +238,13 @@ def outcome_mark(result: dict[str, Any]) -> str:
 
 def outcome_as_expected(result: dict[str, Any]) -> bool:
     return outcome_mark(result) != "!"
+
+
+def _design(result: dict[str, Any]) -> str:
+    """The design, with its world for a two-world audit (``two_world:dataset_size``)."""
+    if result["design"] == "two_world":
+        return f"two_world:{result['config']['worlds']['world']}"
+    return result["design"]
 
 
 def _fmt(result: dict[str, Any], name: str) -> str:

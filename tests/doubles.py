@@ -6,6 +6,7 @@ labels it was given. ``Oblivious`` never looks at its data, so it is perfectly p
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ def claim_for(request: TrainingRequest, epsilon: float) -> PrivacyClaim:
     )
 
 
+@functools.lru_cache(maxsize=None)  # a two-world audit asks it once per run, always the same
 def _calibrated_sigma(epsilon: float, *, steps: int, delta: float) -> float:
     if math.isinf(epsilon):
         return 0.0

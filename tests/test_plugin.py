@@ -27,7 +27,8 @@ SMALL = "--dp-audit-implementations=third-party-*,leaky"
 @pytest.fixture
 def project(pytester):
     pytester.makeconftest(CONFTEST)
-    pytester.makeini("[pytest]\ndp_audit_seed = 11\n")
+    # The ready-made two-world audits have tests of their own (test_gate.py); here only the one-run ones.
+    pytester.makeini("[pytest]\ndp_audit_seed = 11\ndp_audit_worlds = none\n")
     return pytester
 
 
@@ -45,12 +46,15 @@ def test_help_lists_every_option_with_its_ini_and_env_twin(pytester):
     assert "--dp-audit " in text
 
 
-def test_the_plugin_offers_every_profile_and_device():
+def test_the_plugin_offers_every_profile_device_and_world():
     """The plugin spells the choices out (its start-up imports nothing heavy); they must stay the config's."""
+    from dpverify.canaries.worlds import WORLD_KINDS
     from dpverify.config import DEVICES, PROFILE_NAMES
-    from dpverify.pytest.options import DEVICE_CHOICES, PROFILE_CHOICES
+    from dpverify.gate import WORLD_CHOICE_WORDS
+    from dpverify.pytest.options import DEVICE_CHOICES, PROFILE_CHOICES, WORLD_CHOICES, WORLD_WORDS
 
     assert PROFILE_CHOICES == PROFILE_NAMES and DEVICE_CHOICES == DEVICES
+    assert WORLD_CHOICES == tuple(sorted(WORLD_KINDS)) and WORLD_WORDS == WORLD_CHOICE_WORDS
 
 
 def test_without_dp_audit_audits_are_skipped_with_a_reason(project):

@@ -44,8 +44,10 @@ def test_the_conftest_and_test_examples_run_as_written(pytester):
     pytester.makeconftest(PYTHON_BLOCKS[0])
     pytester.makepyfile(test_mine=PYTHON_BLOCKS[1])
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-seed=0", "-v")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=6)  # the two tests, the one-run audit and three two-world audits
     result.stdout.fnmatch_lines(["*test_every_registered[[]my-dpsgd[]] PASSED*", "*dp-audit[[]my-dpsgd[]] PASSED*"])
+    for world in ("dataset_size", "realised_batch", "worst_case_record"):
+        result.stdout.fnmatch_lines([f"*two-world[[]my-dpsgd-{world}[]] PASSED*"])
     assert "UserWarning" not in result.stdout.str()
 
 

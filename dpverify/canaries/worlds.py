@@ -19,6 +19,7 @@ from dpverify.contract import RELATIONS
 
 __all__ = [
     "SCORES",
+    "WORLD_BUGS",
     "WORLD_KINDS",
     "TwoWorldConfig",
     "TwoWorlds",
@@ -259,6 +260,15 @@ WORLD_MAKERS = {
     "worst_case_record": worst_case_record_worlds,
 }
 WORLD_KINDS: tuple[str, ...] = tuple(WORLD_MAKERS)
+#: The bugs.md rows each world is built to expose: the default gate runs a world on the buggy variants of
+#: these rows (and on every implementation expected to be private). The worst-case record also exposes
+#: rows 1-5, but those are D1/D2 bugs the one-run audit already catches, so it is not run on them again.
+WORLD_BUGS: dict[str, tuple[int, ...]] = {
+    "dataset_size": (7,),
+    "realised_batch": (7,),
+    "microbatch": (11,),
+    "worst_case_record": (6, 12),
+}
 
 
 @dataclass(frozen=True, kw_only=True)

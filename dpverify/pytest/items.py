@@ -1,6 +1,8 @@
-"""The ready-made audit tests: one item per selected implementation, no test code needed, under a virtual
-module ``dp-audit`` (node ids ``dp-audit::dp-audit[<name>]``, JUnit class ``dp-audit``) and marked
-``dp_audit``, so ``-k``, ``-m dp_audit`` and JUnit readers see them as tests like any other.
+"""The ready-made audit tests, no test code needed: per selected implementation its one-run audit and a
+two-world audit of each crafted world that applies to it (:mod:`dpverify.gate`), under a virtual module
+``dp-audit`` (node ids ``dp-audit::dp-audit[<name>]`` and ``dp-audit::two-world[<name>-<world>]``, JUnit
+class ``dp-audit``), marked ``dp_audit`` (and ``dp_audit_two_world``), so ``-k``, ``-m`` and JUnit readers
+see them as tests like any other.
 
 Expectations are :func:`dpverify.pytest.fixture.judge`'s: a private implementation must not be refuted; a
 D1/D2 buggy variant must be (else the item fails: the audit missed a bug it should catch); an uncaught
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from dpverify.gate import GateAudit
 from dpverify.pytest.stash import SESSION_KEY
 from dpverify.session import AuditSession
 
@@ -29,18 +32,27 @@ class DPAuditModule(pytest.Collector):
 
 
 class DPAuditItem(pytest.Item):
-    def __init__(self, *, implementation_name: str, expected: str, **kwargs: Any) -> None:
+    def __init__(self, *, audit: GateAudit, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.implementation_name = implementation_name
-        self.expected = expected
+        self.audit = audit
         self.add_marker("dp_audit")
+        if audit.world is not None:
+            self.add_marker("dp_audit_two_world")
+
+    @property
+    def implementation_name(self) -> str:
+        return self.audit.implementation_name
+
+    @property
+    def expected(self) -> str:
+        return self.audit.expected
 
     @property
     def audit_session(self) -> AuditSession:
         return self.config.stash[SESSION_KEY]
 
     def runtest(self) -> None:
-        from dpverify.pytest.fixture import audit_config, execute_audit, judge, reproduce_hint
+        from dpverify.pytest.fixture import audit_config, execute_audit, judge, reproduce_hint, world_config
         from dpverify.registry import get_implementation
 
         session = self.audit_session
@@ -48,12 +60,9 @@ class DPAuditItem(pytest.Item):
         reason = implementation.unavailable_reason()
         if reason:
             pytest.skip(reason)
-        # Keyed by the name alone, so one seed means one audit here and in `dpverify audit --seed`. A buggy
-        # variant's audit cannot raise a false alarm, so the plan gives it no share of the level.
-        result = execute_audit(
-            session, self, implementation, audit_config(session, {}), key=self.implementation_name,
-            counted=self.expected == "private",
-        )
+        audit = self.audit
+        config = audit_config(session, {}) if audit.world is None else world_config(session, audit.world)
+        result = execute_audit(session, self, implementation, config, key=audit.seed_key, counted=audit.counted)
         judge(result, implementation, strict=session.strict, reproduce=reproduce_hint(session, self, implementation))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
@@ -64,4 +73,5 @@ class DPAuditItem(pytest.Item):
         return str(super().repr_failure(excinfo, style=style))
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"dp-audit of {self.implementation_name}"
+        what = "dp-audit" if self.audit.world is None else f"two-world audit ({self.audit.world})"
+        return self.path, None, f"{what} of {self.implementation_name}"

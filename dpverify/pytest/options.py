@@ -13,6 +13,9 @@ from typing import Any, Callable
 #: :data:`dpverify.config.PROFILE_NAMES`, spelled out so that start-up imports nothing heavy (a test keeps them equal).
 PROFILE_CHOICES = ("quick", "standard", "gpu", "mlp", "paper")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+#: :data:`dpverify.canaries.worlds.WORLD_KINDS` and the words of :data:`dpverify.gate.WORLD_CHOICE_WORDS`.
+WORLD_CHOICES = ("dataset_size", "microbatch", "realised_batch", "worst_case_record")
+WORLD_WORDS = ("applicable", "none")
 
 
 class OptionError(ValueError):
@@ -51,6 +54,17 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _worlds(text: str) -> str | tuple[str, ...]:
+    """``applicable``, ``none``, or comma-separated world names."""
+    if text.strip() in WORLD_WORDS:
+        return text.strip()
+    names = _names(text)
+    unknown = [name for name in names if name not in WORLD_CHOICES]
+    if not names or unknown:
+        raise ValueError(f"must be {' or '.join(WORLD_WORDS)} or names among {', '.join(WORLD_CHOICES)}, got {text!r}")
+    return names
 
 
 def _flag(text: str) -> bool:
@@ -144,6 +158,14 @@ SETTINGS: tuple[Setting, ...] = (
         "audits and dp_implementation); a name that matches nothing is an error; none: no implementation",
         "NAMES",
         shown_default="those your conftest or packages register, not dpverify's own",
+    ),
+    Setting(
+        "worlds",
+        _worlds,
+        "applicable",
+        "the two-world (many-run) audits collected beside each implementation's one-run audit: applicable "
+        "(every crafted world that applies to it, see `dpverify list`), none, or comma-separated world names",
+        "WORLDS",
     ),
     Setting(
         "set",

@@ -31,6 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
+    config.addinivalue_line("markers", "dp_audit_two_world: a ready-made two-world (many-run) audit")
     try:
         session = _session(config)
     except options.OptionError as exc:
@@ -56,6 +57,7 @@ def _session(config: pytest.Config) -> AuditSession:
         device=options.resolve(config, "device"),
         epsilon=options.resolve(config, "epsilon"),
         implementations=options.resolve(config, "implementations"),
+        worlds=options.resolve(config, "worlds"),
         settings=_settings(options.resolve(config, "set")),
         strict=options.resolve(config, "strict"),
         timeout=options.resolve(config, "timeout"),
@@ -151,19 +153,19 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Add the ready-made audits of the selected implementations (before ``-k``/``-m`` deselect any) under
-    the virtual module ``dp-audit``, reported as collected so the counts add up."""
+    the virtual module ``dp-audit``: each one's one-run audit and the two-world audits of the worlds that
+    apply to it (``--dp-audit-worlds``), reported as collected so the counts add up."""
     audit_session = config.stash[SESSION_KEY]
     if not audit_session.enabled:
         return
+    from dpverify.gate import gate_audits
     from dpverify.pytest.items import MODULE, DPAuditItem, DPAuditModule
 
     module = DPAuditModule.from_parent(session, name=MODULE, nodeid=MODULE)
+    infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
-        DPAuditItem.from_parent(
-            module, name=f"dp-audit[{implementation.info.name}]", implementation_name=implementation.info.name,
-            expected=implementation.info.expected,
-        )
-        for implementation in _selected_implementations(audit_session)
+        DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
+        for audit in gate_audits(infos, worlds=audit_session.worlds)
     ]
     if added:
         items.extend(added)
@@ -205,9 +207,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     planned = 0
     for item in session.items:
         if isinstance(item, DPAuditItem):
-            # A buggy variant fails the session only when it is *not* refuted, so its audits cannot cause
-            # a false alarm and need no share of the level.
-            count = int(item.expected == "private")
+            count = int(item.audit.counted)
         elif "dp_audit" in getattr(item, "fixturenames", ()) or item.get_closest_marker("dp_audit") is not None:
             count = _declared_audits(item)
         else:

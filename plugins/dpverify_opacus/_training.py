@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -26,6 +27,17 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.torch import as_tensors, black_boxes, build_mlp, fast_math, resolve_device, seeds_for, training_criterion
+
+class _EmptyPoissonBatchNotice(logging.Filter):
+    """Drops Opacus' warning that a Poisson batch came out empty: with the one or two records of a
+    two-world audit most batches are, which is what Poisson sampling means, and a warning per run would
+    bury the audit's own output (hundreds of lines a world)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("First batch is empty")
+
+
+logging.getLogger("opacus.data_loader").addFilter(_EmptyPoissonBatchNotice())
 
 RDP_NAME = "opacus.rdp"
 PRV_NAME = "opacus.prv"

@@ -23,7 +23,9 @@ __all__ = ["TFPrivacyKeras", "implementations"]
 #: The two DP code paths: TF-Privacy's Keras optimizer, and its DP Keras model with fast gradient clipping.
 PATHS: tuple[str, ...] = ("optimizer", "fast_clipping")
 
-_LIBRARY = dict(library="tensorflow-privacy", requires=("tensorflow", "tensorflow_privacy"), extra="tf-privacy")
+_LIBRARY = dict(
+    library="tensorflow-privacy", requires=("tensorflow", "tensorflow_privacy"), extra="tf-privacy", microbatches=True
+)
 
 _NOTES = (
     "DPKerasSGDOptimizer (GenericDPSGDOptimizer over GaussianSumQuery), num_microbatches=None = one example "

@@ -1,0 +1,78 @@
+"""What the default gate audits: every implementation's one-run audit, and the two-world audits of the
+crafted worlds that apply to it, so that the bugs libraries ship (a normaliser that reads the data,
+microbatches, reused noise), which only many runs show, are found without any option.
+
+Framework-free: the pytest plugin and the command line plan their audits here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpverify.canaries.worlds import WORLD_BUGS, WORLD_KINDS
+from dpverify.contract import ImplementationInfo
+
+__all__ = ["GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "gate_audits"]
+
+#: ``--dp-audit-worlds`` / ``--worlds`` words besides world names: every world that applies, or none.
+WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
+
+
+def applicable_worlds(info: ImplementationInfo) -> tuple[str, ...]:
+    """The worlds that apply to an implementation: to one expected private (or with a known issue), the
+    dataset-size, realised-batch and worst-case-record worlds, and the microbatch world when it has
+    microbatches; to a buggy variant, the worlds built for its bugs.md row (:data:`WORLD_BUGS`); to a
+    language model, none (the worlds are classification datasets)."""
+    if info.task != "classification":
+        return ()
+    if info.expected == "violation":
+        return tuple(world for world in WORLD_KINDS if info.bug in WORLD_BUGS[world])
+    return tuple(world for world in WORLD_KINDS if world != "microbatch" or info.microbatches)
+
+
+@dataclass(frozen=True)
+class GateAudit:
+    """One audit of the gate: an implementation's one-run audit (``world`` ``None``) or its two-world audit
+    of ``world``."""
+
+    implementation_name: str
+    expected: str
+    world: str | None = None
+
+    @property
+    def test_name(self) -> str:
+        """``dp-audit[<name>]`` or ``two-world[<name>-<world>]``: the pytest item's name."""
+        if self.world is None:
+            return f"dp-audit[{self.implementation_name}]"
+        return f"two-world[{self.implementation_name}-{self.world}]"
+
+    @property
+    def seed_key(self) -> str:
+        """The one-run audit keeps the name alone as its key, so one seed means one audit in pytest and in
+        ``dpverify audit --seed``; a world adds its own."""
+        return self.implementation_name if self.world is None else f"{self.implementation_name}#{self.world}"
+
+    @property
+    def counted(self) -> bool:
+        """Only an implementation expected to be private can raise a false alarm: a buggy variant fails
+        when it is *not* refuted, a known issue is a finding either way."""
+        return self.expected == "private"
+
+
+def gate_audits(infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...] = "applicable") -> list[GateAudit]:
+    """The gate's audits of ``infos``, each one-run audit followed by its two-world audits: ``worlds`` is
+    ``"applicable"`` (every world that applies), ``"none"`` or world names (those of them that apply)."""
+    if isinstance(worlds, str) and worlds not in WORLD_CHOICE_WORDS:
+        raise ValueError(f"worlds must be one of {', '.join(WORLD_CHOICE_WORDS)} or world names, got {worlds!r}")
+    if not isinstance(worlds, str):
+        unknown = sorted(set(worlds) - set(WORLD_KINDS))
+        if unknown:
+            raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(WORLD_KINDS)}")
+    audits = []
+    for info in infos:
+        audits.append(GateAudit(info.name, info.expected))
+        chosen = () if worlds == "none" else applicable_worlds(info)
+        if not isinstance(worlds, str):
+            chosen = tuple(world for world in chosen if world in worlds)
+        audits.extend(GateAudit(info.name, info.expected, world) for world in chosen)
+    return audits

@@ -1,0 +1,140 @@
+"""The default gate: which two-world audits each implementation gets, how pytest collects and counts them,
+and that they find a third party's normaliser bugs without any option."""
+
+import pytest
+
+from dpverify.config import TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, two_world_config
+from dpverify.contract import ImplementationInfo
+from dpverify.gate import applicable_worlds, gate_audits
+from tests.test_plugin import CONFTEST, REPO, run
+
+PRIVATE = ImplementationInfo(name="mine", library="numpy")
+WITH_MICROBATCHES = ImplementationInfo(name="micro", library="numpy", microbatches=True)
+KNOWN = ImplementationInfo(name="known", library="numpy", expected="known-issue", issue="https://example.org/1")
+
+
+def _variant(row: int, detectability: str = "D3") -> ImplementationInfo:
+    return ImplementationInfo(
+        name=f"row-{row}", library="numpy", expected="violation", breaks="a rule", bug=row, detectability=detectability
+    )
+
+
+def test_private_implementations_get_every_world_but_microbatches_unless_they_have_them():
+    assert applicable_worlds(PRIVATE) == ("dataset_size", "realised_batch", "worst_case_record")
+    assert applicable_worlds(KNOWN) == applicable_worlds(PRIVATE)
+    assert applicable_worlds(WITH_MICROBATCHES) == ("dataset_size", "microbatch", "realised_batch", "worst_case_record")
+
+
+@pytest.mark.parametrize(
+    "row, worlds",
+    [(1, ()), (6, ("worst_case_record",)), (7, ("dataset_size", "realised_batch")), (9, ()), (11, ("microbatch",)),
+     (12, ("worst_case_record",))],
+)  # fmt: skip
+def test_a_buggy_variant_gets_the_worlds_built_for_its_row(row, worlds):
+    assert applicable_worlds(_variant(row)) == worlds
+
+
+def test_language_models_get_no_world():
+    assert applicable_worlds(ImplementationInfo(name="lm", library="numpy", task="language")) == ()
+
+
+def test_gate_audits_put_each_one_run_audit_before_its_worlds_and_count_only_private_ones():
+    audits = gate_audits([PRIVATE, _variant(7)], worlds="applicable")
+    assert [a.test_name for a in audits] == [
+        "dp-audit[mine]",
+        "two-world[mine-dataset_size]",
+        "two-world[mine-realised_batch]",
+        "two-world[mine-worst_case_record]",
+        "dp-audit[row-7]",
+        "two-world[row-7-dataset_size]",
+        "two-world[row-7-realised_batch]",
+    ]
+    assert [a.counted for a in audits] == [True] * 4 + [False] * 3
+    assert len({a.seed_key for a in audits}) == len(audits) and audits[0].seed_key == "mine"
+    assert [a.test_name for a in gate_audits([PRIVATE], worlds="none")] == ["dp-audit[mine]"]
+    chosen = gate_audits([PRIVATE, WITH_MICROBATCHES], worlds=("microbatch",))
+    assert [a.test_name for a in chosen] == ["dp-audit[mine]", "dp-audit[micro]", "two-world[micro-microbatch]"]
+
+
+@pytest.mark.parametrize(
+    "worlds, message",
+    [("some", "worlds must be one of applicable, none or world names, got 'some'"), (("shuffle",), "unknown world(s) shuffle")],
+)
+def test_gate_audits_name_a_bad_world_choice(worlds, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        gate_audits([PRIVATE], worlds=worlds)
+
+
+def test_two_world_config_designates_the_world_and_scales_runs_by_profile():
+    quick = two_world_config("quick", "realised_batch")
+    setting = TWO_WORLD_SETTINGS["realised_batch"]
+    assert quick.design == "two_world" and quick.worlds.world == "realised_batch"
+    assert quick.architecture.is_softmax_regression
+    assert quick.hyperparameters.noise_multiplier == setting["noise_multiplier"]
+    assert quick.hyperparameters.target_epsilon is None
+    assert quick.worlds.runs == setting["runs"]
+    assert two_world_config("standard", "realised_batch").worlds.runs == setting["runs"] * TWO_WORLD_RUNS_SCALE["standard"]
+    assert two_world_config("quick", "realised_batch", runs=7).worlds.runs == 7
+    with pytest.raises(ValueError, match="take only runs, records, outputs, device, timeout, got m"):
+        two_world_config("quick", "realised_batch", m=10)
+
+
+@pytest.fixture
+def project(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\ndp_audit_seed = 11\n")
+    return pytester
+
+
+def test_pytest_collects_a_two_world_item_per_applicable_world_selectable_by_k_and_m(project):
+    result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(
+        [
+            "dp-audit::dp-audit[[]third-party-private[]]",
+            "dp-audit::two-world[[]third-party-private-dataset_size[]]",
+            "dp-audit::two-world[[]third-party-private-realised_batch[]]",
+            "dp-audit::two-world[[]third-party-private-worst_case_record[]]",
+            "*4 tests collected*",
+        ]
+    )
+    only_worlds = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only",
+                      "-q", "-m", "dp_audit_two_world")  # fmt: skip
+    only_worlds.stdout.fnmatch_lines(["*3/4 tests collected (1 deselected)*"])
+    one = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only", "-q",
+              "-k", "realised_batch")  # fmt: skip
+    one.stdout.fnmatch_lines(["dp-audit::two-world[[]third-party-private-realised_batch[]]", "*1/4 tests collected*"])
+    none = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--dp-audit-worlds=none",
+               "--collect-only", "-q")  # fmt: skip
+    none.stdout.fnmatch_lines(["*1 test collected*"])
+
+
+def test_a_bad_worlds_option_is_a_usage_error_naming_it(project):
+    result = run(project, "--dp-audit", "--dp-audit-worlds=shuffle")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dp-audit-worlds='shuffle' is invalid: worlds must be applicable or none or names*"])
+
+
+THIRD_PARTY = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+from dpverify.registry import register_implementation
+from tests.third_party import ThirdPartyDPSGD
+
+for normaliser in ("designated", "dataset", "realised"):
+    register_implementation(ThirdPartyDPSGD(f"theirs-{{normaliser}}", normaliser))
+"""
+
+
+@pytest.mark.slow
+def test_the_default_gate_finds_a_third_partys_normaliser_bugs_and_passes_the_designated_one(pytester):
+    """Without any option: the dataset-size and realised-batch worlds refute both normalisers that read the
+    private data (each separates the worlds in every run measured, benchmarks/results/two-world-gate.md),
+    and pass the one that divides by the designated q·|D|."""
+    pytest.importorskip("torch")
+    pytester.makeconftest(THIRD_PARTY)
+    result = run(pytester, "--dp-audit", "--dp-audit-seed=3", "-k", "dataset_size or realised_batch")
+    result.assert_outcomes(passed=2, failed=4, deselected=6)
+    for bug in ("dataset", "realised"):
+        for world in ("dataset_size", "realised_batch"):
+            result.stdout.fnmatch_lines([f"FAILED dp-audit::two-world[[]theirs-{bug}-{world}[]]*"])
+    assert result.stdout.str().count("verdict VIOLATION (two_world design") >= 4
