@@ -61,7 +61,9 @@ STATEFUL_RANDOM_OPS = frozenset(
 @contextlib.contextmanager
 def noise_from(generator: tf.random.Generator):
     """While tracing: TensorFlow's standard normal op, behind ``tf.random.normal`` and
-    ``tf.random_normal_initializer`` (which scale and shift its draws), draws from ``generator``."""
+    ``tf.random_normal_initializer`` (which scale and shift its draws), draws from ``generator``. The patch
+    is process-wide: steps are traced under :data:`LOCK`, and TensorFlow code traced by another thread
+    meanwhile would draw from the generator too."""
 
     def standard_normal(shape, dtype, seed=0, seed2=0, name=None):  # the op's signature; its seeds are unused
         return generator.normal(shape, dtype=dtype, name=name)
