@@ -261,30 +261,48 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def speed(args: argparse.Namespace) -> None:
-    """Seconds per 1000 runs on the small two-world model: softmax regression d → 2 from zero, the
-    replace-one worst case, one full-batch step. ``NAME:R`` measures NAME with R runs per world."""
-    world = worst_case_record_worlds(records=1, relation="replace_one", dimension=args.dimension)
+def _speed_world(kind: str, args: argparse.Namespace) -> tuple[TwoWorlds, DPHyperparameters, str]:
+    """A small two-world configuration of a speed row: the world, its hyperparameters, its setting in words."""
     hp = DPHyperparameters(noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=0.05, delta=DELTA)
-    lines = header(
-        "Two-world audit: seconds per 1000 runs",
-        args,
-        [
-            f"- world: {world.name}; σ = 2, q = 1, 1 step, lr 0.05; softmax regression {args.dimension} → 2 "
-            "(hidden_width=0, zero init); accountants memoised per distinct claim (the first run computes it)",
-        ],
-    )
-    lines += ["| implementation | runs per world | s per 1000 runs (training, claim, black box, score) |", "|---|---|---|"]
-    for token in args.implementations:
-        name, _, runs = token.partition(":")
-        result = run_two_world_audit(
-            implementation(name), world=world, runs=int(runs or args.runs), hyperparameters=hp,
-            architecture=MLPArchitecture(hidden_width=0), seed=0,
-        )  # fmt: skip
-        if result.verdict == "error":
-            raise SystemExit(result.error)
-        lines.append(f"| {name} | {result.runs} | {1000 * result.seconds_per_run:.1f} |")
-        print(lines[-1], flush=True)
+    if kind == "worst_case_record":
+        world = worst_case_record_worlds(records=1, relation="replace_one", dimension=args.dimension)
+        return world, hp, f"q = 1, 1 step; softmax regression {args.dimension} → 2"
+    if kind == "dataset_size":
+        world = dataset_size_worlds(records=2, num_classes=args.classes)
+        return world, hp, f"q = 1, 1 step; softmax regression 1 → {args.classes}"
+    world = realised_batch_worlds(records=1, num_classes=args.classes)
+    hp = dataclasses.replace(hp, sampling_rate=0.5, epochs=2)
+    return world, hp, f"q = 1/2, {hp.steps} Poisson steps; softmax regression 1 → {args.classes}"
+
+
+SPEED_WORLDS = ("worst_case_record", "dataset_size", "realised_batch")
+
+
+def speed(args: argparse.Namespace) -> None:
+    """Seconds per 1000 runs on the small two-world models (softmax regression from zero, σ = 2, lr 0.05)
+    in each of ``--worlds``. ``NAME:R`` measures NAME with R runs per world."""
+    worlds = [(kind, *_speed_world(kind, args)) for kind in args.worlds]
+    extra = [f"- world {world.name}: {setting} (hidden_width=0, zero init)" for _, world, _, setting in worlds]
+    extra.append("- hyperparameters: σ = 2, lr 0.05, C = 1; accountants memoised per distinct claim (the first run computes it)")
+    if any(token.startswith("tf-privacy") for token in args.implementations):
+        versions = ", ".join(f"{name} {_version(name)}" for name in ("tensorflow", "tensorflow-privacy", "keras"))
+        extra.append(f"- {versions}; the first run of each configuration traces TF-Privacy's step (included)")
+    lines = header("Two-world audit: seconds per 1000 runs", args, extra)
+    lines += [
+        "| implementation | world | runs per world | s per 1000 runs (training, claim, black box, score) |",
+        "|---|---|---|---|",
+    ]
+    for kind, world, hp, _ in worlds:
+        for token in args.implementations:
+            name, _, runs = token.partition(":")
+            result = run_two_world_audit(
+                implementation(name), world=world, runs=int(runs or args.runs), hyperparameters=hp,
+                architecture=MLPArchitecture(hidden_width=0), seed=0,
+            )  # fmt: skip
+            if result.verdict == "error":
+                raise SystemExit(result.error)
+            lines.append(f"| {name} | {kind} | {result.runs} | {1000 * result.seconds_per_run:.1f} |")
+            print(lines[-1], flush=True)
     _write(args.output or "two-world-speed.md", lines)
 
 
@@ -479,6 +497,7 @@ def main() -> None:
         help="noise-deficit: runs per world for each of --epsilons, in order",
     )  # fmt: skip
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
+    parser.add_argument("--worlds", nargs="+", choices=SPEED_WORLDS, default=["worst_case_record"], help="speed: the worlds")
     parser.add_argument("--output", help="file name under benchmarks/results/")
     args = parser.parse_args()
     import torch

@@ -14,7 +14,8 @@ rather than trained on TF-Privacy's slower per-example fallback.
 The variants (:data:`FAST_STEPS`) each change one piece of that path: the noise the model adds, the
 registry's norm computation, the noise scale in ``train_step``, or the microbatching that decides what is
 clipped. ``use_xla`` is off: on the 2-core CPU the fast step takes about 50 ms with or without XLA, and
-XLA recompiles for every new Poisson batch size; the step is traced once per audit instead.
+XLA recompiles for every new Poisson batch size; the step is traced once per configuration and process
+instead (:mod:`dpverify_tfprivacy._reuse`).
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ def make_dp_model(
 
 def _create_step_variables(model: tf.keras.Model, features: tf.Tensor, targets: tf.Tensor) -> None:
     """Create what ``DPModel.train_step`` creates on its first call (its clipping loss, the compiled loss and
-    metrics, the optimizer's variables) from one record, so that each run traces its step once, not twice
-    (see :func:`_keras.create_step_variables`). Only metric states see the record; no weight moves."""
+    metrics, the optimizer's variables) from one record, so that the step is traced once, not twice (see
+    :func:`_keras.create_step_variables`). Only metric states see the record; no weight moves."""
     model._make_clipping_loss()  # noqa: SLF001 (TF-Privacy's own lazy build, done early)
     predicted = model(features, training=False)
     model._clipping_loss.build(predicted)  # noqa: SLF001
@@ -165,7 +166,7 @@ def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float) -> _
     """Train the designated MLP on ``request`` with TF-Privacy's fast-clipping DP model (or its mutation)."""
     hp = request.hyperparameters
 
-    def make_step(features: tf.Tensor, targets: tf.Tensor):
+    def make_step(x: tf.Tensor, y: tf.Tensor):
         model = make_dp_model(
             request,
             step,
@@ -173,11 +174,11 @@ def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float) -> _
             l2_norm_clip=hp.max_grad_norm,
             learning_rate=hp.learning_rate,
         )
-        _create_step_variables(model, features[:1], targets[:1])
+        _create_step_variables(model, x, y)
 
-        def dp_sgd_step(indices):
-            model.train_step((tf.gather(features, indices), tf.gather(targets, indices)))
+        def dp_sgd_step(x, y):
+            model.train_step((x, y))
 
         return model, dp_sgd_step, model.optimizer.iterations
 
-    return _keras.train_poisson(request, make_step)
+    return _keras.train_poisson(request, ("fast_clipping", step, FAST_STEPS.get(step), noise_multiplier), make_step)

@@ -21,16 +21,15 @@ the same rows with ``tf.vectorized_map`` over each record's own forward and back
 (about 0.7 CPU-seconds a step); the optimizer and its query do everything else exactly as before. Of the
 Keras DP optimizers, ``DPKerasSGDOptimizer`` stays the faster one with these rows (0.7 against 0.8
 CPU-seconds a step for ``VectorizedDPKerasSGDOptimizer``); ``jit_compile=True`` is slower (1.3) and
-recompiles for every new Poisson batch size, so the step is traced once per audit without XLA.
+recompiles for every new Poisson batch size, so the step runs without XLA, traced once per configuration
+and process and reused by every run of it (:mod:`dpverify_tfprivacy._reuse`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import warnings
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Hashable, Literal
 
 from dpverify_tfprivacy._tf import tf  # first: it imports tensorflow without its CUDA-factory noise
 
@@ -40,7 +39,8 @@ from tensorflow_privacy.privacy.dp_query import gaussian_query  # noqa: E402
 from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras  # noqa: E402
 
 from dpverify.contract import TrainingRequest  # noqa: E402
-from dpverify_tfprivacy._sampling import poisson_batches, seeds_for  # noqa: E402
+from dpverify_tfprivacy._reuse import LOCK, ReusedStep, reused_step  # noqa: E402
+from dpverify_tfprivacy._sampling import kernel_seeds, poisson_batches, seeds_for  # noqa: E402
 
 DPStep = Literal["correct", "no_noise", "no_clipping", "noise_for_mean"]
 DP_STEPS: tuple[str, ...] = ("correct", "no_noise", "no_clipping", "noise_for_mean")
@@ -147,37 +147,35 @@ class PerRecordJacobianTape(tf.GradientTape):
             return tf.vectorized_map(row, self._inputs)
 
 
-@contextlib.contextmanager
-def _quiet_initialiser_seeding():
-    """Silence the deprecation warning Keras' seeded initialisers raise on every layer built."""
-    with warnings.catch_warnings():
-        # Keras 2.15 seeds its initialisers with random.randint(1, 1e9), which Python 3.10+ deprecates.
-        warnings.filterwarnings("ignore", "non-integer arguments to randrange", DeprecationWarning)
-        yield
-
-
 def build_mlp(request: TrainingRequest, *, model_class: Callable[..., tf.keras.Model] = tf.keras.Model) -> tf.keras.Model:
-    """The designated ``d -> h -> C`` ReLU MLP with Keras' default (seeded) initialisation; outputs logits.
-    Softmax regression (``hidden_width=0``): one ``Dense(C)`` starting at zero.
+    """The designated ``d -> h -> C`` ReLU MLP with Keras' default initialisation (Glorot-uniform kernels,
+    zero biases); outputs logits. Softmax regression (``hidden_width=0``): one ``Dense(C)`` starting at zero.
+
+    Each kernel's initialiser has its own seed, derived from ``request.seed`` alone: Keras would otherwise
+    draw it from the process' random state, which ``tf.keras.utils.set_random_seed`` seeds, and that
+    call also clears TensorFlow's kernel caches, so a reused traced step would be instantiated anew
+    (~0.2 s) in every run.
 
     With tags: the shared encoder ``Dense(h, relu)``, the main head ``Dense(C)`` and a separate tag head
-    ``Dense(|E|)`` (initialised in that order, as :class:`dpverify.torch.MultiTaskMLP`), concatenated into
-    one ``(n, C + |E|)`` output. A functional graph, built as ``model_class(inputs=..., outputs=...)``, so
-    that TF-Privacy's DP model class (which walks that graph for fast clipping) can be the model."""
+    ``Dense(|E|)`` (as :class:`dpverify.torch.MultiTaskMLP`), concatenated into one ``(n, C + |E|)``
+    output. A functional graph, built as ``model_class(inputs=..., outputs=...)``, so that TF-Privacy's DP
+    model class (which walks that graph for fast clipping) can be the model."""
     width = request.architecture.hidden_width
-    with _quiet_initialiser_seeding():
-        features = tf.keras.Input(shape=(request.dimension,), dtype=tf.float32)
-        if request.architecture.is_softmax_regression:
-            logits = tf.keras.layers.Dense(
-                request.num_classes, kernel_initializer="zeros", bias_initializer="zeros", name="main_head"
-            )(features)
-            return model_class(inputs=features, outputs=logits)
-        hidden = tf.keras.layers.Dense(width, activation="relu", name="encoder")(features)
-        main = tf.keras.layers.Dense(request.num_classes, name="main_head")(hidden)
-        if not request.num_tags:
-            return model_class(inputs=features, outputs=main)
-        tags = tf.keras.layers.Dense(request.num_tags, name="tag_head")(hidden)
-        return model_class(inputs=features, outputs=tf.keras.layers.Concatenate()([main, tags]))
+    features = tf.keras.Input(shape=(request.dimension,), dtype=tf.float32)
+    if request.architecture.is_softmax_regression:
+        logits = tf.keras.layers.Dense(
+            request.num_classes, kernel_initializer="zeros", bias_initializer="zeros", name="main_head"
+        )(features)
+        return model_class(inputs=features, outputs=logits)
+    encoder, main_head, tag_head = (
+        tf.keras.initializers.GlorotUniform(seed=seed) for seed in kernel_seeds(seeds_for(request.seed), 3)
+    )
+    hidden = tf.keras.layers.Dense(width, activation="relu", kernel_initializer=encoder, name="encoder")(features)
+    main = tf.keras.layers.Dense(request.num_classes, kernel_initializer=main_head, name="main_head")(hidden)
+    if not request.num_tags:
+        return model_class(inputs=features, outputs=main)
+    tags = tf.keras.layers.Dense(request.num_tags, kernel_initializer=tag_head, name="tag_head")(hidden)
+    return model_class(inputs=features, outputs=tf.keras.layers.Concatenate()([main, tags]))
 
 
 def multitask_loss(targets: tf.Tensor, logits: tf.Tensor, *, num_classes: int, tag_weight: float) -> tf.Tensor:
@@ -212,15 +210,15 @@ def training_targets(request: TrainingRequest) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class KerasRun:
-    """A finished run: the black boxes (the tag head's is ``None`` without tags), where it ran, and what the
-    input pipeline did (for white-box tests)."""
+    """A finished run: the black boxes (the tag head's is ``None`` without tags), where it ran, what the
+    input pipeline did and the final weights (for white-box tests)."""
 
     predict_log_proba: Callable[[np.ndarray], np.ndarray]
     predict_tag_log_proba: Callable[[np.ndarray], np.ndarray] | None
     device: str
     batch_sizes: tuple[int, ...]
     optimizer_steps: int
-    model: tf.keras.Model
+    weights: tuple[np.ndarray, ...]
 
 
 def _allow_gpu_memory_growth() -> None:
@@ -235,7 +233,7 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
     """Train the designated MLP on ``request`` with TF-Privacy's DP optimizer step (or its mutation ``step``)."""
     hp = request.hyperparameters
 
-    def make_step(features: tf.Tensor, targets: tf.Tensor) -> tuple[tf.keras.Model, Callable, tf.Variable]:
+    def make_step(_x: tf.Tensor, _y: tf.Tensor) -> tuple[tf.keras.Model, Callable, tf.Variable]:
         model = build_mlp(request)
         optimizer = make_dp_optimizer(
             step, l2_norm_clip=hp.max_grad_norm, noise_multiplier=noise_multiplier, learning_rate=hp.learning_rate
@@ -243,9 +241,7 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
         create_step_variables(optimizer, model)
         loss_per_record = per_example_loss(request)
 
-        def dp_sgd_step(indices):
-            x = tf.gather(features, indices)
-            y = tf.gather(targets, indices)
+        def dp_sgd_step(x, y):
             tape = PerRecordJacobianTape(lambda xs, ys: loss_per_record(ys, model(xs, training=True)), (x, y))
             with tape:
                 loss = loss_per_record(y, model(x, training=True))
@@ -253,73 +249,83 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
 
         return model, dp_sgd_step, optimizer.iterations
 
-    return train_poisson(request, make_step)
+    return train_poisson(request, ("optimizer", step, noise_multiplier), make_step)
 
 
 def create_step_variables(optimizer: tf.keras.optimizers.legacy.Optimizer, model: tf.keras.Model) -> None:
     """Create the legacy optimizer's variables (step counter, hyperparameters) before the DP step is traced:
-    a ``tf.function`` whose first trace creates variables is traced a second time, and every pooled run
-    traces its own step, so this saves a trace (about 0.3 s on a CPU) per run."""
+    a ``tf.function`` whose first trace creates variables is traced a second time."""
     optimizer._create_all_weights(model.trainable_variables)  # noqa: SLF001 (Keras 2 has no public build for it)
 
 
 def train_poisson(
     request: TrainingRequest,
-    make_step: Callable[[tf.Tensor, tf.Tensor], tuple[tf.keras.Model, Callable[[tf.Tensor], None], tf.Variable]],
+    variant: tuple[Hashable, ...],
+    make_step: Callable[[tf.Tensor, tf.Tensor], tuple[tf.keras.Model, Callable[..., None], tf.Variable]],
 ) -> KerasRun:
     """The run every TF-Privacy path shares: seeds, device, Poisson batches, divergence check, black boxes.
 
-    ``make_step(features, targets)`` builds the model and every variable its step uses, and returns the
-    model, its DP step on a batch of record indices, and the optimizer's step counter; the step is traced
-    once (``tf.function`` with a ``[None]`` index signature), so variable Poisson batch sizes never
-    retrace it. ``request.seed`` fixes the
-    initialisation and the noise (TensorFlow's global seed, with op determinism enabled for the process)
-    and the Poisson batches (a numpy generator). Exactly ``request.hyperparameters.steps`` steps are drawn;
-    an empty batch (probability (1-q)^N) leaves the weights unchanged, because TF-Privacy's DP steps
-    cannot take a batch of size 0.
+    ``make_step(x, y)`` builds the model and every variable its step uses (``(x, y)``: one record, for
+    steps that build on data), and returns the model, its DP step on a batch ``(x, y)``, and the
+    optimizer's step counter. The step is traced once per process for ``variant`` (the path, the step and
+    anything else ``make_step`` reads beyond the request's model and hyperparameters) and reused
+    (:mod:`dpverify_tfprivacy._reuse`). ``request.seed`` alone fixes the initial weights (seeded
+    initialisers, :func:`build_mlp`; zero for softmax regression), the noise (the step's generator,
+    reset from the seed; op determinism on) and the Poisson batches (a numpy generator).
+    Exactly ``request.hyperparameters.steps`` steps are drawn; an empty batch (probability (1-q)^N)
+    leaves the weights unchanged, because TF-Privacy's DP steps cannot take a batch of size 0.
     """
     hp = request.hyperparameters
     seeds = seeds_for(request.seed)
     _allow_gpu_memory_growth()
     use_gpu = request.device == "cuda" and bool(tf.config.list_physical_devices("GPU"))
     device_name = "/GPU:0" if use_gpu else "/CPU:0"
-    tf.keras.utils.set_random_seed(seeds.tensorflow)
+    features, targets = request.features, training_targets(request)
+    specs = tuple(tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)) for a in (features, targets))
+    tag_weight = request.tag_weight if request.num_tags else None
+    model_key = (request.architecture, request.dimension, request.num_classes, request.num_tags, tag_weight)
+    key = (*variant, *model_key, hp.max_grad_norm, hp.learning_rate, device_name, specs)
     tf.config.experimental.enable_op_determinism()
 
-    with tf.device(device_name):
-        features = tf.constant(request.features)
-        targets = tf.constant(training_targets(request))
-        model, step, iterations = make_step(features, targets)
-        dp_sgd_step = tf.function(step, input_signature=[tf.TensorSpec([None], tf.int32)])
+    with LOCK, tf.device(device_name):
+        sample = (tf.constant(features[:1]), tf.constant(targets[:1]))
+        entry = reused_step(key, lambda: ReusedStep.trace(make_step, specs, sample))
+        if request.architecture.is_softmax_regression:
+            initial = [np.zeros(w.shape, w.dtype.as_numpy_dtype) for w in entry.model.weights]
+        else:
+            initial = build_mlp(request).get_weights()
+        entry.start(initial, seeds.noise)
         batch_sizes = []
-        for taken, indices in enumerate(poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling), 1):
+        batches = poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling)
+        for taken, indices in enumerate(batches, 1):
             batch_sizes.append(int(indices.size))
             if indices.size:
-                dp_sgd_step(tf.constant(indices))
+                entry.step(tf.constant(features[indices]), tf.constant(targets[indices]))
             if request.progress is not None:
                 request.progress(taken, hp.steps)
+        weights = entry.model.get_weights()
+        optimizer_steps = int(entry.iterations.numpy())
 
-    for variable in model.trainable_variables:
-        if not np.all(np.isfinite(variable.numpy())):
+    for variable, value in zip(entry.model.weights, weights):
+        if not np.all(np.isfinite(value)):
             raise FloatingPointError(f"training diverged: {variable.name} has non-finite entries")
     return KerasRun(
-        **_black_boxes(model, device_name, request),
+        **_black_boxes(entry.model, weights, device_name, request),
         device="cuda" if use_gpu else "cpu",
         batch_sizes=tuple(batch_sizes),
-        optimizer_steps=int(iterations.numpy()),
-        model=model,
+        optimizer_steps=optimizer_steps,
+        weights=tuple(weights),
     )
 
 
-def _black_boxes(model: tf.keras.Model, device_name: str, request: TrainingRequest) -> dict[str, Callable | None]:
+def _black_boxes(
+    model: tf.keras.Model, weights: list[np.ndarray], device_name: str, request: TrainingRequest
+) -> dict[str, Callable | None]:
     """``predict_log_proba`` (the main head's columns of the output) and ``predict_tag_log_proba`` (the tag
-    head's, ``None`` without tags), sharing one forward pass. The pass runs eagerly: the auditor queries
-    each model once, and a function traced per trained model makes TensorFlow warn of retracing when an
-    audit pools runs."""
+    head's, ``None`` without tags) of the run's ``weights``, sharing one forward pass. ``model`` is the
+    reused model, which later runs retrain: each query loads the run's weights into it first. The pass
+    runs eagerly: the auditor queries each model once."""
     dimension, chunk = request.dimension, 4096
-
-    def logits(x):
-        return model(x, training=False)
 
     def predictor(columns: slice, width: int) -> Callable[[np.ndarray], np.ndarray]:
         def predict_log_proba(features: np.ndarray) -> np.ndarray:
@@ -328,9 +334,10 @@ def _black_boxes(model: tf.keras.Model, device_name: str, request: TrainingReque
             if x.ndim != 2 or x.shape[1] != dimension:
                 raise ValueError(f"features must have shape (n, {dimension}), got {x.shape}")
             out = np.empty((x.shape[0], width), dtype=np.float64)
-            with tf.device(device_name):
+            with LOCK, tf.device(device_name):
+                model.set_weights(weights)
                 for start in range(0, x.shape[0], chunk):
-                    block = logits(tf.constant(x[start : start + chunk])).numpy()[:, columns]
+                    block = model(tf.constant(x[start : start + chunk]), training=False).numpy()[:, columns]
                     out[start : start + chunk] = log_softmax(block.astype(np.float64), axis=1)
             return out
 

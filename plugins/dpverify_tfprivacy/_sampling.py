@@ -6,20 +6,28 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-__all__ = ["Seeds", "seeds_for", "poisson_batches"]
+__all__ = ["Seeds", "seeds_for", "kernel_seeds", "poisson_batches"]
 
 
 class Seeds(NamedTuple):
-    """Independent seeds for TensorFlow (init and noise, via its global seed) and for batch sampling."""
+    """Independent seeds for the initialisation, for batch sampling and for the noise (the DP step's
+    generator)."""
 
-    tensorflow: int
+    initialisation: int
     sampling: int
+    noise: int
 
 
 def seeds_for(seed: int) -> Seeds:
-    """Derive the two seeds from the request seed with numpy's ``SeedSequence``."""
-    tf_seed, sampling = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint32)
-    return Seeds(tensorflow=int(tf_seed) % 2**31, sampling=int(sampling))
+    """Derive the three seeds from the request seed with numpy's ``SeedSequence`` (its first words do not
+    depend on how many are drawn: the batches are those of the earlier two-seed runs)."""
+    initialisation, sampling, noise = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint32)
+    return Seeds(initialisation=int(initialisation), sampling=int(sampling), noise=int(noise))
+
+
+def kernel_seeds(seeds: Seeds, layers: int) -> list[int]:
+    """One initialiser seed per layer, from the initialisation seed."""
+    return [int(w) % 2**31 for w in np.random.SeedSequence(seeds.initialisation).generate_state(layers, dtype=np.uint32)]
 
 
 def poisson_batches(num_records: int, sampling_rate: float, steps: int, seed: int) -> Iterator[np.ndarray]:
