@@ -28,10 +28,13 @@ NAMES = (
     "tf-privacy-fast-clipping-no-clipping",
     "tf-privacy-fast-clipping-noise-for-mean",
     "tf-privacy-fast-clipping-batch-clipping",
+    "tf-privacy-realised-batch-norm",
 )
-BUG_OF = {name: bug for bug, name in enumerate(NAMES[2:5], start=1)} | {
-    name: bug for bug, name in enumerate(NAMES[5:], start=1)
-}
+BUG_OF = (
+    {name: bug for bug, name in enumerate(NAMES[2:5], start=1)}
+    | {name: bug for bug, name in enumerate(NAMES[5:9], start=1)}
+    | {"tf-privacy-realised-batch-norm": 7}
+)
 STEP_OF = {
     "tf-privacy-keras": "correct",
     "tf-privacy-no-noise": "no_noise",
@@ -102,8 +105,22 @@ def test_infos():
     for name, bug in BUG_OF.items():
         assert infos[name].expected == "violation"
         assert infos[name].bug == bug and infos[name].breaks
-        assert infos[name].detectability == ("D3" if bug == 4 else "D1")
+        assert infos[name].detectability == ("D3" if bug in (4, 7) else "D1")
     assert {implementation(name).path for name in NAMES if "fast-clipping" in name} == {"fast_clipping"}
+
+
+@pytest.mark.parametrize("name", ["tf-privacy-keras", "tf-privacy-fast-clipping"])
+def test_the_correct_paths_divide_by_the_designated_normaliser_and_the_row_7_variant_by_the_batch(name, tf_privacy):
+    """Without noise at q = 1, one step on 3 records: TF-Privacy divides the clipped sum by the batch (3);
+    the correct paths rescale the step so the update is the sum over the designated normaliser (2), the
+    variant leaves it over 3. The updates of zero-initialised softmax regression then differ by 3/2."""
+    request = tiny_request(m=3, h=0, q=1.0, noise_multiplier=0.0, learning_rate=0.1, expected_batch_size=2.0)
+    probe = request.features
+    correct = implementation(name).train(request).predict_log_proba(probe)
+    realised = implementation("tf-privacy-realised-batch-norm").train(request).predict_log_proba(probe)
+    # log-softmax of logits z: the logits' spread scales with the update; compare centred logits.
+    centred = [lp - lp.mean(axis=1, keepdims=True) for lp in (correct, realised)]
+    np.testing.assert_allclose(centred[0], 1.5 * centred[1], rtol=1e-4, atol=1e-6)
 
 
 def test_poisson_batches_have_variable_sizes_with_mean_qN():

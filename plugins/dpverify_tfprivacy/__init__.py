@@ -37,8 +37,11 @@ _NOTES = (
     "statement warns that Poisson sampling 'is not usually done in training pipelines'); here the input "
     "pipeline samples each record independently with probability q every step, so the accountant's "
     "assumption holds. Normalisation: the optimizer divides the noisy sum by the number of microbatches, "
-    "i.e. the realised batch size, not the constant qN (the behaviour of bugs.md row 7, D2-D3); that is "
-    "TF-Privacy's real behaviour and is kept, so a designated expected_batch_size goes unused (the optimizer has no setting for it). An empty Poisson batch (probability (1-q)^N) skips the "
+    "i.e. the batch it is handed, and has no setting for a public normaliser; with Poisson batches that is "
+    "the realised batch size, which reads the private data (bugs.md row 7: the two-world dataset-size world "
+    "separates 2 from 3 records in every run). So each step's learning rate is scaled by B_t over the "
+    "designated normaliser (expected_batch_size, else qN): the update is the noisy sum over the public "
+    "normaliser, TF-Privacy still clipping, noising and dividing. An empty Poisson batch (probability (1-q)^N) skips the "
     "update, because the optimizer cannot take a batch of size 0. Claim: add/remove ε from "
     "tensorflow_privacy.compute_dp_sgd_privacy (RDP); microbatches of one example need no doubling of "
     "the sensitivity. Multi-task requests (UniAud++): a separate tag head on the shared encoder, one "
@@ -65,12 +68,15 @@ class TFPrivacyKeras(Implementation):
     """TF-Privacy's Keras DP-SGD on ``path`` (``"optimizer"``: ``_keras.DP_STEPS``; ``"fast_clipping"``:
     ``_fast_clipping.FAST_STEPS``), correct (``step="correct"``) or one of its mutations."""
 
-    def __init__(self, info: ImplementationInfo, step: str = "correct", *, path: str = "optimizer") -> None:
+    def __init__(
+        self, info: ImplementationInfo, step: str = "correct", *, path: str = "optimizer", realised_normaliser: bool = False
+    ) -> None:
         if path not in PATHS:
             raise ValueError(f"unknown TF-Privacy path {path!r}; expected one of {', '.join(PATHS)}")
         self.info = info
         self.step = step
         self.path = path
+        self.realised_normaliser = realised_normaliser
 
     def train(self, request: TrainingRequest) -> TrainedModel:
         from dpverify_tfprivacy import _keras  # first: tensorflow without its CUDA-factory noise
@@ -92,7 +98,7 @@ class TFPrivacyKeras(Implementation):
         else:
             trainer = _keras
         try:
-            run = trainer.train_mlp(request, self.step, sigma)
+            run = trainer.train_mlp(request, self.step, sigma, realised_normaliser=self.realised_normaliser)
         except (FloatingPointError, ValueError) as exc:
             raise RuntimeError(f"{self.info.name}: {exc}") from exc
         return TrainedModel(
@@ -110,6 +116,8 @@ _BREAKS = {
     "while the noise stays σ·C for the nominal C.",
     3: "The noise on the sum of clipped rows must have standard deviation σ·C; it is σ·C/B, "
     "the noise meant for the mean of B rows.",
+    7: "The noisy sum must be divided by a data-independent constant (the designated normaliser); it is "
+    "divided by the realised batch size, which at q = 1 is the dataset's size.",
     4: "Each record's gradient must be clipped to C; the batch-mean gradient is clipped to C as one row, so "
     "one record can move it by up to 2C against noise σ·C (a record's pull on the mean is diluted by B, "
     "so an audit sees it only where one record dominates the batch).",
@@ -136,6 +144,9 @@ _VARIANTS = (
     ("tf-privacy-fast-clipping-batch-clipping", "fast_clipping", "batch_clipping", 4, "D3",
      "The DP model is built with num_microbatches=1: TF-Privacy's microbatch path clips the mean loss's "
      "gradient over the one microbatch and adds noise σ·C to it."),
+    ("tf-privacy-realised-batch-norm", "optimizer", "correct", 7, "D3",
+     "TF-Privacy's optimizer called as its API makes easy with Poisson batches: the learning rate is not "
+     "rescaled, so the noisy sum is divided by the realised batch size B_t."),
 )
 
 
@@ -149,7 +160,8 @@ def _variant(name: str, path: str, step: str, bug: int, detectability: str, how:
         notes=f"{how} The claim is the correct run's. " + (_NOTES if path == "optimizer" else _FAST_NOTES),
         **_LIBRARY,
     )
-    return TFPrivacyKeras(info, step, path=path)
+    # Row 7 is the correct step without the rescale to the public normaliser (see _NOTES).
+    return TFPrivacyKeras(info, step, path=path, realised_normaliser=bug == 7)
 
 
 def implementations() -> list[Implementation]:

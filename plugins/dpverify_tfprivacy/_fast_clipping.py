@@ -162,8 +162,9 @@ def _create_step_variables(model: tf.keras.Model, features: tf.Tensor, targets: 
     _keras.create_step_variables(model.optimizer, model)
 
 
-def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float) -> _keras.KerasRun:
-    """Train the designated MLP on ``request`` with TF-Privacy's fast-clipping DP model (or its mutation)."""
+def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float, *, realised_normaliser: bool = False) -> _keras.KerasRun:
+    """Train the designated MLP on ``request`` with TF-Privacy's fast-clipping DP model (or its mutation);
+    ``realised_normaliser``: see :func:`_keras.train_poisson`."""
     hp = request.hyperparameters
 
     def make_step(x: tf.Tensor, y: tf.Tensor):
@@ -179,6 +180,7 @@ def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float) -> _
         def dp_sgd_step(x, y):
             model.train_step((x, y))
 
-        return model, dp_sgd_step, model.optimizer.iterations
+        return model, dp_sgd_step, model.optimizer
 
-    return _keras.train_poisson(request, ("fast_clipping", step, FAST_STEPS.get(step), noise_multiplier), make_step)
+    variant = ("fast_clipping", step, FAST_STEPS.get(step), noise_multiplier)
+    return _keras.train_poisson(request, variant, make_step, realised_normaliser=realised_normaliser)

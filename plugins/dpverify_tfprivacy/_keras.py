@@ -229,11 +229,12 @@ def _allow_gpu_memory_growth() -> None:
             pass
 
 
-def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -> KerasRun:
-    """Train the designated MLP on ``request`` with TF-Privacy's DP optimizer step (or its mutation ``step``)."""
+def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float, *, realised_normaliser: bool = False) -> KerasRun:
+    """Train the designated MLP on ``request`` with TF-Privacy's DP optimizer step (or its mutation ``step``);
+    ``realised_normaliser``: see :func:`train_poisson`."""
     hp = request.hyperparameters
 
-    def make_step(_x: tf.Tensor, _y: tf.Tensor) -> tuple[tf.keras.Model, Callable, tf.Variable]:
+    def make_step(_x: tf.Tensor, _y: tf.Tensor) -> tuple[tf.keras.Model, Callable, tf.keras.optimizers.legacy.Optimizer]:
         model = build_mlp(request)
         optimizer = make_dp_optimizer(
             step, l2_norm_clip=hp.max_grad_norm, noise_multiplier=noise_multiplier, learning_rate=hp.learning_rate
@@ -247,9 +248,9 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float) -
                 loss = loss_per_record(y, model(x, training=True))
             optimizer.minimize(loss, model.trainable_variables, tape=tape)
 
-        return model, dp_sgd_step, optimizer.iterations
+        return model, dp_sgd_step, optimizer
 
-    return train_poisson(request, ("optimizer", step, noise_multiplier), make_step)
+    return train_poisson(request, ("optimizer", step, noise_multiplier), make_step, realised_normaliser=realised_normaliser)
 
 
 def create_step_variables(optimizer: tf.keras.optimizers.legacy.Optimizer, model: tf.keras.Model) -> None:
@@ -261,19 +262,28 @@ def create_step_variables(optimizer: tf.keras.optimizers.legacy.Optimizer, model
 def train_poisson(
     request: TrainingRequest,
     variant: tuple[Hashable, ...],
-    make_step: Callable[[tf.Tensor, tf.Tensor], tuple[tf.keras.Model, Callable[..., None], tf.Variable]],
+    make_step: Callable[[tf.Tensor, tf.Tensor], tuple[tf.keras.Model, Callable[..., None], tf.keras.optimizers.legacy.Optimizer]],
+    *,
+    realised_normaliser: bool = False,
 ) -> KerasRun:
     """The run every TF-Privacy path shares: seeds, device, Poisson batches, divergence check, black boxes.
 
     ``make_step(x, y)`` builds the model and every variable its step uses (``(x, y)``: one record, for
     steps that build on data), and returns the model, its DP step on a batch ``(x, y)``, and the
-    optimizer's step counter. The step is traced once per process for ``variant`` (the path, the step and
+    optimizer. The step is traced once per process for ``variant`` (the path, the step and
     anything else ``make_step`` reads beyond the request's model and hyperparameters) and reused
     (:mod:`dpverify_tfprivacy._reuse`). ``request.seed`` alone fixes the initial weights (seeded
     initialisers, :func:`build_mlp`; zero for softmax regression), the noise (the step's generator,
     reset from the seed; op determinism on) and the Poisson batches (a numpy generator).
     Exactly ``request.hyperparameters.steps`` steps are drawn; an empty batch (probability (1-q)^N)
     leaves the weights unchanged, because TF-Privacy's DP steps cannot take a batch of size 0.
+
+    TF-Privacy divides the noisy sum by the number of microbatches, the size B_t of the batch it is handed,
+    and has no setting for a public normaliser. With Poisson batches B_t is private (bugs.md row 7: the
+    two-world dataset-size world separates 2 from 3 records in every run), so each step's learning rate
+    is scaled by B_t / the designated normaliser (``DPHyperparameters.normaliser``): the update is then the
+    noisy sum over the public normaliser, while TF-Privacy still clips, sums, noises and divides.
+    ``realised_normaliser=True`` leaves the rate alone: the call TF-Privacy's API makes by default.
     """
     hp = request.hyperparameters
     seeds = seeds_for(request.seed)
@@ -296,10 +306,13 @@ def train_poisson(
             initial = build_mlp(request).get_weights()
         entry.start(initial, seeds.noise)
         batch_sizes = []
+        normaliser = hp.normaliser(request.num_records)
         batches = poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling)
         for taken, indices in enumerate(batches, 1):
             batch_sizes.append(int(indices.size))
             if indices.size:
+                if not realised_normaliser:
+                    entry.optimizer.learning_rate.assign(hp.learning_rate * indices.size / normaliser)
                 entry.step(tf.constant(features[indices]), tf.constant(targets[indices]))
             if request.progress is not None:
                 request.progress(taken, hp.steps)

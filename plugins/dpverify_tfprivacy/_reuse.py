@@ -99,17 +99,18 @@ def captured_variables(function, *written: tf.Variable) -> list[tf.Variable]:
 
 @dataclass(eq=False)
 class ReusedStep:
-    """A model, its DP step traced once, the step's variables as traced, and the generator of its noise."""
+    """A model, its DP step traced once, the optimizer it steps with, the step's variables as traced, and
+    the generator of its noise."""
 
     model: tf.keras.Model
     step: Callable[[tf.Tensor, tf.Tensor], None]
-    iterations: tf.Variable
+    optimizer: tf.keras.optimizers.legacy.Optimizer
     noise: tf.random.Generator
     traced_state: tuple[tuple[tf.Variable, np.ndarray], ...]
 
     @classmethod
     def trace(cls, make_step: Callable, specs: tuple[tf.TensorSpec, ...], sample: tuple[tf.Tensor, ...]) -> ReusedStep:
-        """Build with ``make_step(*sample)`` (model, DP step on a batch ``(x, y)``, step counter) and trace the
+        """Build with ``make_step(*sample)`` (model, DP step on a batch ``(x, y)``, optimizer) and trace the
         step for ``specs``; ``RuntimeError`` if its noise would not come from the generator or it holds
         state a run could not reset.
 
@@ -119,14 +120,18 @@ class ReusedStep:
         that reuse a step leave it alone."""
         tf.random.set_seed(0)
         noise = tf.random.Generator.from_seed(0)
-        model, step, iterations = make_step(*sample)
+        model, step, optimizer = make_step(*sample)
         with noise_from(noise):
             traced = tf.function(step).get_concrete_function(*specs)
         stateful = stateful_random_ops(traced)
         if stateful:
             raise RuntimeError(f"the traced DP step still draws from stateful random ops: {', '.join(stateful)}")
-        state = tuple((v, v.numpy()) for v in captured_variables(traced, iterations))
-        return cls(model=model, step=traced, iterations=iterations, noise=noise, traced_state=state)
+        state = tuple((v, v.numpy()) for v in captured_variables(traced, optimizer.iterations))
+        return cls(model=model, step=traced, optimizer=optimizer, noise=noise, traced_state=state)
+
+    @property
+    def iterations(self) -> tf.Variable:
+        return self.optimizer.iterations
 
     def start(self, weights: list[np.ndarray], noise_seed: int) -> None:
         """Reset for a run: every variable as traced, then the model's ``weights``, and the noise generator
