@@ -266,3 +266,26 @@ def test_the_report_keeps_the_audits_that_ran_when_the_session_is_killed(project
     run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}", subprocess=True)
     (audit,) = json.loads(report.read_text())["audits"]
     assert audit["implementation"] == "third-party-private" and audit["nodeid"].endswith("test_1_audit")
+
+
+def test_a_markers_noise_multiplier_is_audited_as_given_and_a_call_keyword_wins_over_it(project):
+    """Issue 20: the session's target ε used to replace a marker's noise_multiplier silently."""
+    project.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.dp_audit(noise_multiplier=3.0)
+        def test_sigma(dp_audit):
+            hp = dp_audit.config().hyperparameters
+            assert (hp.noise_multiplier, hp.target_epsilon) == (3.0, None)
+            hp = dp_audit.config(epsilon=1.0).hyperparameters
+            assert (hp.noise_multiplier, hp.target_epsilon) == (None, 1.0)
+
+        @pytest.mark.dp_audit(noise_multiplier=3.0, epsilon=1.0)
+        def test_both(dp_audit):
+            pass
+        """
+    )
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-set=epsilon=4.0")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*give one privacy target, epsilon or noise_multiplier, not both*"])

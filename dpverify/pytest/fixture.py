@@ -36,13 +36,33 @@ class AuditBudgetExceeded(RuntimeError):
     """A test ran more audits than the plan counted for it, which would break the session-wide level."""
 
 
+#: The two spellings of one setting, the privacy target: a level that names either replaces the other.
+PRIVACY_TARGETS = ("epsilon", "noise_multiplier")
+
+
+def merge_levels(*levels: dict[str, Any]) -> dict[str, Any]:
+    """Settings from the lowest level to the highest, each overriding the ones before it; a level that names
+    a privacy target (ε or σ) replaces the lower levels' target whole, so a marker's ``noise_multiplier``
+    is honoured over the session's ε. A level naming both is a ``ValueError``."""
+    merged: dict[str, Any] = {}
+    for level in levels:
+        named = [name for name in PRIVACY_TARGETS if name in level]
+        if len(named) > 1:
+            raise ValueError("give one privacy target, epsilon or noise_multiplier, not both")
+        if named:
+            for name in PRIVACY_TARGETS:
+                merged.pop(name, None)
+        merged.update(level)
+    return merged
+
+
 def audit_config(session: AuditSession, overrides: dict[str, Any]) -> AuditConfig:
-    """The session's profile with its ``--dp-audit-set`` settings, then ``overrides`` (marker or call
-    keywords), the session's target ε, device and time limit where those do not say."""
-    overrides = {**session.settings, **overrides}
+    """The session's profile with, in rising precedence, the session's target ε, its ``--dp-audit-set``
+    settings and ``overrides`` (marker or call keywords; see :func:`merge_levels`), and the session's device
+    and time limit where those do not say."""
+    overrides = merge_levels({"epsilon": session.epsilon}, session.settings, overrides)
     profile = overrides.pop("profile", session.profile)
     overrides.pop("audits", None)
-    overrides.setdefault("epsilon", session.epsilon)
     overrides.setdefault("device", session.device)
     if session.timeout is not None:
         overrides.setdefault("timeout", session.timeout)
@@ -163,7 +183,7 @@ class DPAudit:
 
     def config(self, **settings: Any) -> AuditConfig:
         """The configuration an audit with ``settings`` would run (before the session's seed and level)."""
-        return audit_config(self._session, {**self._marker_settings, **settings})
+        return audit_config(self._session, merge_levels(self._marker_settings, settings))
 
     def __call__(self, implementation: Implementation | str, config: AuditConfig | None = None, **settings: Any) -> AuditResult:
         if not self._session.enabled:
