@@ -182,7 +182,7 @@ def test_an_interrupted_run_keeps_the_finished_audits_in_its_report(tmp_path):
     report = tmp_path / "report.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "dpverify", "audit", "reference-dpsgd", "waits-for-interrupt", "--import", str(helper),
-         *SMALL, "--report", str(report)],
+         *SMALL, "--worlds", "none", "--report", str(report)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
         # A pytest-xdist worker ignores SIGINT, and a child would inherit that: restore Ctrl-C's default.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -253,6 +253,15 @@ def test_progress_redraws_one_line_on_a_terminal(monkeypatch):
     assert text.count("\n") == 1 and text.endswith("\n") and text.rsplit("\r", 1)[1].split() == ["[1/1]", "x", "0.0s", "pass"]
     # Redrawn in place: the stage, the first step, the last step (always), the outcome; no more in 0.1 s.
     assert text.count("\r") == 4 and "step 1/100" in text and "step 100/100" in text and "step 2/100" not in text
+
+
+def test_worlds_names_the_two_world_audits_and_a_bad_one_is_a_usage_error(capsys):
+    assert main(["audit", "reference-dpsgd", "--worlds", "shuffle"]) == 2
+    assert "unknown world(s) shuffle; known: dataset_size" in capsys.readouterr().err
+    assert main(["list", "--json"]) == 0
+    listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert listed["reference-dpsgd"]["two_world_worlds"] == ["dataset_size", "realised_batch", "worst_case_record"]
+    assert listed["opacus-dataloader"]["issue"] == "https://github.com/pytorch/opacus/issues/571"
 
 
 def test_set_routes_each_setting_to_the_audit_that_knows_it():
