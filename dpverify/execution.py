@@ -176,7 +176,7 @@ class ProcessPoolExecutor(Executor):
         import concurrent.futures
         import multiprocessing
 
-        self.parallelism = check_int("workers", workers, low=1)
+        self.parallelism = _check_workers(workers)
         self._pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
     def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Iterator[Any]:
@@ -245,6 +245,12 @@ class RayExecutor(Executor):
         self._remote, self._started = None, False
 
 
+def _check_workers(workers: object) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    return workers
+
+
 def _check_ray() -> None:
     if importlib.util.find_spec("ray") is None:
         raise ValueError("the ray executor needs Ray: pip install 'dpverify[ray]'")
@@ -282,9 +288,8 @@ class ExecutorSpec:
     def __post_init__(self) -> None:
         if self.executor is not None:
             check_choice("executor", self.executor, EXECUTORS)
-        workers = self.workers
-        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-            raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+        if self.workers is not None:
+            _check_workers(self.workers)
         kind = self.executor or ("pool" if self.workers is not None else "inprocess")
         object.__setattr__(self, "kind", kind)
         if kind == "inprocess" and self.workers is not None:
