@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         "--executor",
         choices=EXECUTORS,
         default=None,
-        help="where an audit's independent runs train (a two-world audit's): inprocess, pool (local worker "
+        help="where an audit's independent runs train (a two-world audit's, pooled runs): inprocess, pool (local worker "
         "processes) or ray (a Ray cluster; pip install 'dpverify[ray]'); results are the same by seed "
         "(default: inprocess, or pool with --workers)",
     )

@@ -20,7 +20,7 @@ import importlib.util
 import pickle
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Generator, Iterable, Protocol
 
 from dpverify._validation import check_choice, check_int
 
@@ -129,7 +129,7 @@ class Executor(abc.ABC):
     parallelism: int = 1
 
     @abc.abstractmethod
-    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Iterator[Any]:
+    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Generator[Any, None, None]:
         """``function(task)`` for every task, yielded in task order as each is ready; ``function`` and the
         tasks must pickle for an executor with workers. ``gpu``: each task wants a GPU of its own (Ray
         schedules one per task; a pool's workers share the machine's). Closing the iterator early
@@ -156,7 +156,7 @@ class Executor(abc.ABC):
 class InProcessExecutor(Executor):
     """Every task in this process, one after the other, when it is reached (the default)."""
 
-    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Iterator[Any]:
+    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Generator[Any, None, None]:
         return (function(task) for task in tasks)
 
     def parcel(self, value: Any, *, what: str) -> Parcel:
@@ -179,7 +179,7 @@ class ProcessPoolExecutor(Executor):
         self.parallelism = _check_workers(workers)
         self._pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
-    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Iterator[Any]:
+    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Generator[Any, None, None]:
         pinned = _Pinned(function, _torch_threads())
         futures = [self._pool.submit(pinned, task) for task in tasks]
         return _in_order(futures, get=lambda future: future.result(), cancel=lambda future: future.cancel())
@@ -223,7 +223,7 @@ class RayExecutor(Executor):
         self._ray()
         return self._cpus
 
-    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Iterator[Any]:
+    def map(self, function: Callable[[Any], Any], tasks: Iterable[Any], *, gpu: bool = False) -> Generator[Any, None, None]:
         ray = self._ray()
         remote = self._remote.options(num_gpus=1) if gpu else self._remote
         pinned = ray.put(_Pinned(function, _torch_threads()))
@@ -261,7 +261,7 @@ def _call(function: Callable[[Any], Any], task: Any) -> Any:
     return function(task)
 
 
-def _in_order(handles: list[Any], *, get: Callable[[Any], Any], cancel: Callable[[Any], Any]) -> Iterator[Any]:
+def _in_order(handles: list[Any], *, get: Callable[[Any], Any], cancel: Callable[[Any], Any]) -> Generator[Any, None, None]:
     """The results behind ``handles`` in order; on an early close or an error, the rest are cancelled."""
     done = 0
     try:

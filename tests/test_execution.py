@@ -228,3 +228,30 @@ def test_the_command_line_checks_its_executor_options(capsys):
     assert "--workers must be an integer >= 1, got 0" in capsys.readouterr().err
     assert main(["audit", "reference-dpsgd", "--ray-address", "auto"]) == 2
     assert "ray_address='auto' needs executor 'ray', got 'inprocess'" in capsys.readouterr().err
+
+
+def pooled_audit(implementation, executor):
+    from dpverify.audits import run_audit
+    from dpverify.config import profile_config
+
+    config = profile_config("quick", device="cpu", seed=7, m=600, pooled_runs=3)
+    return run_audit(implementation, config, executor=executor)
+
+
+@pytest.mark.slow
+def test_pooled_runs_in_a_pool_give_the_same_audit_bit_for_bit(pool):
+    implementation = get_implementation("reference-dpsgd")
+    if implementation.unavailable_reason():
+        pytest.skip(implementation.unavailable_reason())
+    here, there = pooled_audit(implementation, InProcessExecutor()), pooled_audit(implementation, pool)
+    assert here.verdict == there.verdict != "error", there.error
+    assert np.array_equal(here.scores, there.scores) and np.array_equal(here.membership, there.membership)
+    assert (here.epsilon_lower_bound, here.curve_p_value, here.curve_runs) == (there.epsilon_lower_bound, there.curve_p_value, 3)
+
+
+def test_a_failing_pooled_run_ends_the_audit_alike_everywhere(pool):
+    from dpverify.audits.steps import audit_streams
+
+    second = audit_streams(7, run=1)[2]
+    here, there = (pooled_audit(FailsOnSeed(seed=second), executor) for executor in (InProcessExecutor(), pool))
+    assert here.verdict == there.verdict == "error" and here.error == there.error and "diverged on this seed" in there.error

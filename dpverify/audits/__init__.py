@@ -34,8 +34,8 @@ def run_audit(
     reported); the rest run
     :func:`~dpverify.audits.classification.run_classification_audit`. ``progress`` hears the audit's
     stages, ``step_progress`` the trainer's DP steps (:attr:`dpverify.contract.Request.progress`).
-    ``executor`` (:mod:`dpverify.execution`; default in-process) runs a two-world audit's independent
-    runs; the result does not depend on it.
+    ``executor`` (:mod:`dpverify.execution`; default in-process) trains the independent runs of a
+    two-world audit and the pooled runs of a synthetic-canary one; the result does not depend on it.
     """
     if implementation.info.task == "language":
         return run_language_audit(implementation, language_config_like(config), progress=progress, step_progress=step_progress)
@@ -48,4 +48,4 @@ def run_audit(
         return run_two_world_design(implementation, config, progress=progress, executor=executor)
     if config.is_data_dependent:
         return run_data_audit(implementation, config, progress=progress, step_progress=step_progress)
-    return run_classification_audit(implementation, config, progress=progress, step_progress=step_progress)
+    return run_classification_audit(implementation, config, progress=progress, step_progress=step_progress, executor=executor)

@@ -24,8 +24,10 @@ from dpverify.audits.steps import (
     claimed_epsilon,
     claimed_run,
     query_black_box,
+    in_task_order,
     resolve_device,
     train_through_contract,
+    until_failure,
 )
 from dpverify.canaries.worlds import TwoWorlds
 from dpverify.config import AuditConfig
@@ -135,30 +137,27 @@ class RunOutcome:
 
 
 def _train_runs(task: tuple[_SharedByRuns, range]) -> tuple[list[RunOutcome], AuditFailure | None]:
-    """Train, query and score the flat runs ``indices`` in order, up to the first failure, which comes
-    back with the runs before it."""
+    """The flat runs ``indices`` trained, queried and scored in order, up to the first failure."""
     shared, indices = task
-    implementation, world = shared.implementation.open(), shared.world
-    shape = (len(world.probes), world.num_classes)
-    outcomes: list[RunOutcome] = []
-    try:
-        for index in indices:
-            features, labels = world.dataset(WORLDS[index % 2])
-            request = TrainingRequest(
-                features=features,
-                labels=labels,
-                num_classes=world.num_classes,
-                architecture=shared.architecture,
-                hyperparameters=shared.hyperparameters,
-                seed=shared.seeds[index],
-                device=shared.device,
-            )
-            trained = train_through_contract(implementation, request)
-            log_probs = query_black_box(trained, world.probes, expected_shape=shape)
-            outcomes.append(RunOutcome(score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device))
-    except AuditFailure as failure:
-        return outcomes, failure
-    return outcomes, None
+    implementation = shared.implementation.open()
+    return until_failure(_train_run(implementation, shared, index) for index in indices)
+
+
+def _train_run(implementation: Implementation, shared: _SharedByRuns, index: int) -> RunOutcome:
+    world = shared.world
+    features, labels = world.dataset(WORLDS[index % 2])
+    request = TrainingRequest(
+        features=features,
+        labels=labels,
+        num_classes=world.num_classes,
+        architecture=shared.architecture,
+        hyperparameters=shared.hyperparameters,
+        seed=shared.seeds[index],
+        device=shared.device,
+    )
+    trained = train_through_contract(implementation, request)
+    log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
+    return RunOutcome(score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device)
 
 
 def run_two_world_audit(
@@ -244,30 +243,26 @@ def run_two_world_audit(
         seeds=tuple(int(s) for s in seeds),
     )
     tasks = [(shared, indices) for indices in chunks(2 * runs, parallelism=executor.parallelism)]
-    results = executor.map(_train_runs, tasks, gpu=device == "cuda")
+    outcomes = in_task_order(executor.map(_train_runs, tasks, gpu=device == "cuda"))
     scores: dict[str, list[float]] = {"d": [], "dprime": []}
     claims: dict[str, set] = {"d": set(), "dprime": set()}
     curves: list[TradeOffCurve | None] = []
     mus: list[float | None] = []
     converted: dict[tuple, tuple[float, str]] = {}
     try:
-        done = 0
-        for outcomes, failure in results:
-            for index, outcome in enumerate(outcomes, start=done):
-                which = WORLDS[index % 2]
-                scores[which].append(outcome.score)
-                claim = outcome.claim
-                key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
-                       claim.relation)  # fmt: skip
-                if key not in converted:  # converting a claim may run an accountant: once per distinct claim
-                    converted[key] = claimed_epsilon(outcome, world.relation)
-                    curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
-                    mus.append(full_batch_gdp_mu(claim, world.relation))
-                claims[which].add(converted[key][0])
-            done += len(outcomes)
-            if failure is not None:
-                raise failure
-            say(f"{done // 2} of {runs} runs per world")
+        for index, outcome in enumerate(outcomes):
+            which = WORLDS[index % 2]
+            scores[which].append(outcome.score)
+            claim = outcome.claim
+            key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
+                   claim.relation)  # fmt: skip
+            if key not in converted:  # converting a claim may run an accountant: once per distinct claim
+                converted[key] = claimed_epsilon(outcome, world.relation)
+                curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
+                mus.append(full_batch_gdp_mu(claim, world.relation))
+            claims[which].add(converted[key][0])
+            if (index + 1) % (2 * max(1, runs // 10)) == 0:
+                say(f"{(index + 1) // 2} of {runs} runs per world")
         for which in ("d", "dprime"):
             if len(claims[which]) != 1:
                 raise AuditFailure(
@@ -290,7 +285,7 @@ def run_two_world_audit(
             error=f"{implementation.info.name}: {failure.cause}",
         )
     finally:
-        results.close()  # after a failure, the runs not started are not trained
+        outcomes.close()  # after a failure, the runs not started are not trained
 
     eps_d, eps_dprime = claims["d"].pop(), claims["dprime"].pop()
     claimed = max(eps_d, eps_dprime)

@@ -178,7 +178,7 @@ SETTINGS: tuple[Setting, ...] = (
         "executor",
         _choice(EXECUTORS),
         None,
-        "where the independent runs of an audit train (a two-world audit's): inprocess, pool (local worker "
+        "where the independent runs of an audit train (a two-world audit's, pooled runs): inprocess, pool (local worker "
         "processes) or ray (a Ray cluster; pip install 'dpverify[ray]'); results are the same by seed",
         "NAME",
         shown_default="inprocess, or pool with --dp-audit-workers",
