@@ -4,6 +4,7 @@
     python benchmarks/two_world.py false-alarms  # many audits of correct implementations
     python benchmarks/two_world.py power         # ε_L against the claim of a correct Gaussian mechanism
     python benchmarks/two_world.py speed         # seconds per 1000 runs
+    python benchmarks/two_world.py executor-speed  # runs per second in-process, in a pool and on Ray
     python benchmarks/two_world.py catalog       # bugs.md rows 6, 7, 9, 11, 12 against the correct path
     python benchmarks/two_world.py shuffle-gap   # the Poisson claim against a shuffled run's final sum
     python benchmarks/two_world.py noise-deficit # Opacus with its noise divided by k, where one run cannot tell
@@ -295,15 +296,59 @@ def speed(args: argparse.Namespace) -> None:
     for kind, world, hp, _ in worlds:
         for token in args.implementations:
             name, _, runs = token.partition(":")
-            result = run_two_world_audit(
-                implementation(name), world=world, runs=int(runs or args.runs), hyperparameters=hp,
-                architecture=MLPArchitecture(hidden_width=0), seed=0,
-            )  # fmt: skip
-            if result.verdict == "error":
-                raise SystemExit(result.error)
+            result = _timed_audit(name, world, int(runs or args.runs), hp, MLPArchitecture(hidden_width=0))
             lines.append(f"| {name} | {kind} | {result.runs} | {1000 * result.seconds_per_run:.1f} |")
             print(lines[-1], flush=True)
     _write(args.output or "two-world-speed.md", lines)
+
+
+def _timed_audit(name, world, runs, hyperparameters, architecture, *, executor=None) -> TwoWorldResult:
+    """One two-world audit of ``name`` (seed 0) for its timing; an audit that errs ends the benchmark."""
+    result = run_two_world_audit(
+        implementation(name), world=world, runs=runs, hyperparameters=hyperparameters, architecture=architecture,
+        seed=0, executor=executor,
+    )  # fmt: skip
+    if result.verdict == "error":
+        raise SystemExit(result.error)
+    return result
+
+
+def executor_speed(args: argparse.Namespace) -> None:
+    """Runs per second of one two-world audit (the dataset-size world, q = 1, one step) on each executor:
+    in-process, a pool of ``--workers`` processes and a local Ray cluster of as many CPUs. Each executor
+    runs the audit twice: the first includes starting its workers (once per session), the second not;
+    the scores must be identical to the in-process ones."""
+    from dpverify.execution import ExecutorSpec
+
+    world = dataset_size_worlds(records=2, num_classes=args.classes)
+    hp = DPHyperparameters(noise_multiplier=args.sigma, sampling_rate=1.0, epochs=1, learning_rate=1.0, delta=DELTA)
+    architecture = MLPArchitecture(hidden_width=args.hidden)
+    lines = header(
+        "Two-world audit: runs per second by executor",
+        args,
+        [
+            f"- world: {world.name}; σ = {args.sigma}, q = 1, 1 step, lr 1; MLP 1 → {args.hidden} → {args.classes} "
+            f"(hidden_width=0: softmax regression); {args.runs} runs per world, seed 0; the workers take the "
+            "parent's torch thread count (1)",
+        ],
+    )
+    lines += [
+        "| implementation | executor | first audit: runs/s (s) | second audit: runs/s (s) | scores as in-process | load average after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in args.implementations:
+        reference = None
+        for kind in ("inprocess", "pool", "ray"):
+            spec = ExecutorSpec(executor=kind, workers=None if kind == "inprocess" else args.workers)
+            with spec.start() as executor:
+                results = [_timed_audit(name, world, args.runs, hp, architecture, executor=executor) for _ in range(2)]
+            reference = reference or results[0]
+            same = all(r.scores_d == reference.scores_d and r.scores_dprime == reference.scores_dprime for r in results)
+            label = kind if kind == "inprocess" else f"{kind} ({args.workers})"
+            cells = [f"{2 * r.runs / r.seconds:.0f} ({r.seconds:.1f})" for r in results]
+            lines.append(f"| {name} | {label} | {cells[0]} | {cells[1]} | {'yes' if same else '**no**'} | {_load()} |")
+            print(lines[-1], flush=True)
+    _write(args.output or "executor-speed.md", lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,7 +521,8 @@ def _write(name: str, lines: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "what", choices=("finding", "false-alarms", "power", "speed", "catalog", "shuffle-gap", "noise-deficit")
+        "what",
+        choices=("finding", "false-alarms", "power", "speed", "executor-speed", "catalog", "shuffle-gap", "noise-deficit"),
     )
     parser.add_argument("--runs", type=int, default=200, help="runs per world")
     parser.add_argument("--audits", type=int, default=100)
@@ -498,6 +544,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
     parser.add_argument("--worlds", nargs="+", choices=SPEED_WORLDS, default=["worst_case_record"], help="speed: the worlds")
+    parser.add_argument("--workers", type=int, default=2, help="executor-speed: the pool's processes, the Ray cluster's CPUs")
     parser.add_argument("--output", help="file name under benchmarks/results/")
     args = parser.parse_args()
     import torch
@@ -508,6 +555,7 @@ def main() -> None:
         "false-alarms": false_alarms,
         "power": power,
         "speed": speed,
+        "executor-speed": executor_speed,
         "catalog": catalog,
         "shuffle-gap": shuffle_gap,
         "noise-deficit": noise_deficit,

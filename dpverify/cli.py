@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from dpverify import __version__
 from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES
+from dpverify.execution import EXECUTORS, ExecutorSpec
 
 #: The target ε when neither ``--epsilon`` nor ``--set noise_multiplier=`` is given.
 DEFAULT_EPSILON = 2.0
@@ -108,6 +109,16 @@ def _parser() -> argparse.ArgumentParser:
         "interrupted run keeps what it finished",
     )
     audit.add_argument("--plots", metavar="DIR", help="write per-audit PNG plots (needs matplotlib)")
+    audit.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default=None,
+        help="where an audit's independent runs train (a two-world audit's, pooled runs): inprocess, pool (local worker "
+        "processes) or ray (a Ray cluster; pip install 'dpverify[ray]'); results are the same by seed "
+        "(default: inprocess, or pool with --workers)",
+    )
+    audit.add_argument("--workers", type=int, default=None, help="processes of the pool (CPUs of a local Ray cluster), >= 1")
+    audit.add_argument("--ray-address", metavar="ADDRESS", help="a running Ray cluster: auto, or ray://HOST:10001")
 
     listing = commands.add_parser(
         "list", parents=[registers], help="registered implementations, their library versions and availability"
@@ -131,6 +142,7 @@ OPTION_CHECKS: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
     ("audit", "--epochs", lambda v: v >= 1, ">= 1"),
     ("audit", "--confidence", lambda v: 0 < v < 1, "in (0, 1)"),
     ("audit", "--seed", lambda v: v >= 0, ">= 0"),
+    ("audit", "--workers", lambda v: v >= 1, "an integer >= 1"),
     ("bound", "--m", lambda v: v >= 1, ">= 1"),
     ("bound", "--delta", lambda v: 0 < v < 1, "in (0, 1)"),
     ("bound", "--confidence", lambda v: 0 < v < 1, "in (0, 1)"),
@@ -277,6 +289,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         report_path=args.report,
         plots_dir=args.plots,
         command=command,
+        executor=ExecutorSpec(executor=args.executor, workers=args.workers, ray_address=args.ray_address),
     )
     chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
     if not chosen:
@@ -297,7 +310,9 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
                 print(f"{label}: skipped: {reason}", file=sys.stderr)
                 continue
             progress = ProgressLine(sys.stderr, label)
-            result = run_audit(implementation, config, progress=progress.stage, step_progress=progress.step)
+            result = run_audit(
+                implementation, config, progress=progress.stage, step_progress=progress.step, executor=session.executor_for_audits()
+            )
             progress.finish(_outcome(result))
             session.results.append(audit_entry(result, implementation, nodeid=f"dpverify audit {_audit_name(audit)}"))
             session.write_report(complete=False)
@@ -315,6 +330,8 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         )
         _conclude(session, complete=False)
         return INTERRUPTED
+    finally:
+        session.close()
     _conclude(session, complete=True)
     unexpected = [r for r in session.results if not outcome_as_expected(r)]
     for r in unexpected:

@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpverify.execution import Executor, ExecutorSpec
+
 if TYPE_CHECKING:
     from dpverify.contract import Implementation
     from dpverify.results import AuditResult
@@ -45,7 +47,8 @@ class PlanExceeded(RuntimeError):
 class AuditSession:
     """``confidence_per_audit``, when given, is every audit's own level (to reproduce one audit as it ran);
     otherwise the session's level is split over ``planned_audits``, and :meth:`start_audit` refuses an
-    audit past the plan."""
+    audit past the plan. ``executor`` says where the audits' independent runs train: one executor for
+    the whole session (:meth:`executor_for_audits`), shut down by :meth:`close`."""
 
     enabled: bool
     profile: str
@@ -63,11 +66,13 @@ class AuditSession:
     worlds: str | tuple[str, ...] = "applicable"
     strict: bool = False
     timeout: float | None = None
+    executor: ExecutorSpec = field(default_factory=ExecutorSpec)
     audits_started: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
     #: What the report says made it, and when the session started.
     command: str = field(default_factory=process_command)
     started_at: str = field(default_factory=utc_now)
+    _executor: Executor | None = field(default=None, init=False, repr=False)
 
     @property
     def per_audit_confidence(self) -> float:
@@ -88,6 +93,18 @@ class AuditSession:
                 "count cannot run. Request the dp_audit fixture as a test argument (not through "
                 "request.getfixturevalue) or declare the test's audits with @pytest.mark.dp_audit(audits=N)"
             )
+
+    def executor_for_audits(self) -> Executor:
+        """The session's executor, started on first use (a pool's processes and Ray only when runs come)."""
+        if self._executor is None:
+            self._executor = self.executor.start()
+        return self._executor
+
+    def close(self) -> None:
+        """Shut the session's executor down (its worker processes, a Ray cluster it started)."""
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
 
     def audit_seed(self, key: str) -> int:
         """A seed for one audit, from the session seed and a stable key (same on every xdist worker)."""

@@ -12,6 +12,7 @@ from dpverify.audits.steps import Progress
 from dpverify.audits.two_world import run_two_world_design
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress
+from dpverify.execution import Executor
 from dpverify.results import AuditResult
 
 
@@ -21,6 +22,7 @@ def run_audit(
     *,
     progress: Progress | None = None,
     step_progress: StepProgress | None = None,
+    executor: Executor | None = None,
 ) -> AuditResult:
     """Audit ``implementation`` once under ``config``; never raises for a failing implementation.
 
@@ -32,6 +34,8 @@ def run_audit(
     reported); the rest run
     :func:`~dpverify.audits.classification.run_classification_audit`. ``progress`` hears the audit's
     stages, ``step_progress`` the trainer's DP steps (:attr:`dpverify.contract.Request.progress`).
+    ``executor`` (:mod:`dpverify.execution`; default in-process) trains the independent runs of a
+    two-world audit and the pooled runs of a synthetic-canary one; the result does not depend on it.
     """
     if implementation.info.task == "language":
         return run_language_audit(implementation, language_config_like(config), progress=progress, step_progress=step_progress)
@@ -41,7 +45,7 @@ def run_audit(
             f"got {type(config).__name__}"
         )
     if config.design == "two_world":
-        return run_two_world_design(implementation, config, progress=progress)
+        return run_two_world_design(implementation, config, progress=progress, executor=executor)
     if config.is_data_dependent:
         return run_data_audit(implementation, config, progress=progress, step_progress=step_progress)
-    return run_classification_audit(implementation, config, progress=progress, step_progress=step_progress)
+    return run_classification_audit(implementation, config, progress=progress, step_progress=step_progress, executor=executor)

@@ -16,18 +16,25 @@ import numpy as np
 
 from dpverify.audits.steps import (
     AuditClock,
+    AuditFailure,
     Progress,
+    ScoredRun,
     audit_streams,
     audit_through_contract,
+    conclude_runs,
+    in_task_order,
     membership_after_training,
     membership_before_training,
     present_pair,
     query_black_box,
     resolve_device,
+    train_and_score,
+    until_failure,
 )
 from dpverify.canaries.synthetic import make_canaries
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress, TrainedModel, TrainingRequest
+from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
 from dpverify.stats.scoring import loss_scores, mean_comparison_scores, self_comparison_scores
 
@@ -38,6 +45,7 @@ def run_classification_audit(
     *,
     progress: Progress | None = None,
     step_progress: StepProgress | None = None,
+    executor: Executor | None = None,
 ) -> AuditResult:
     """Audit a classifier ``implementation`` on ``config.canaries.m`` synthetic canaries, split over
     ``config.pooled_runs`` independent training runs and pooled into one audit; never raises for its
@@ -45,15 +53,46 @@ def run_classification_audit(
 
     Seeds: one :class:`numpy.random.SeedSequence` from ``config.seed`` (and the run's index) spawns each
     run's canaries', membership bits' and trainer's streams, so the same seed repeats the whole audit on
-    the same device.
+    the same device, whichever ``executor`` (:mod:`dpverify.execution`; default in-process) the pooled
+    runs train on. In worker processes, the trainer's steps are not reported, and the auditor's seconds
+    are the runs' added up.
     """
     say = progress or (lambda message: None)
     clock = AuditClock(time.perf_counter())
     device = resolve_device(config.device)  # may import torch once: the trainer's cost, not the auditor's
     pooled = f" in {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
     say(f"training {implementation.info.name} on {config.audit_size} canaries{pooled} ({device})")
-    runs = _runs(config, device=device, clock=clock, step_progress=step_progress)
-    return audit_through_contract(implementation, config, runs, m=config.audit_size, clock=clock, say=say, device=device)
+    if executor is None or isinstance(executor, InProcessExecutor) or config.pooled_runs == 1:
+        runs = _runs(config, device=device, clock=clock, step_progress=step_progress)
+        return audit_through_contract(implementation, config, runs, m=config.audit_size, clock=clock, say=say, device=device)
+    shared = (executor.parcel(implementation, what=f"implementation {implementation.info.name!r}"), config, device)
+    tasks = [(shared, indices) for indices in chunks(config.pooled_runs, parallelism=executor.parallelism)]
+    timed_runs = in_task_order(executor.map(_pooled_runs, tasks, gpu=device == "cuda"))
+    try:
+        return conclude_runs(implementation, config, _clocked(timed_runs, clock), m=config.audit_size, clock=clock, device=device)
+    finally:
+        timed_runs.close()
+
+
+def _pooled_runs(task: tuple[tuple[Parcel, AuditConfig, str], range]) -> tuple[list[tuple[ScoredRun, float]], AuditFailure | None]:
+    """In a worker: the pooled runs ``indices`` made, trained and scored, each with its auditor's seconds."""
+    (parcel, config, device), indices = task
+    implementation = parcel.open()
+
+    def run(index: int) -> tuple[ScoredRun, float]:
+        clock = AuditClock(time.perf_counter())
+        request, score = _one_run(config, index, device=device, step_progress=None)
+        clock.auditor_seconds += clock.seconds()
+        scored = train_and_score(implementation, request, score, timeout=config.timeout, clock=clock, say=lambda message: None)
+        return scored, clock.auditor_seconds
+
+    return until_failure(run(index) for index in indices)
+
+
+def _clocked(timed_runs: Iterator[tuple[ScoredRun, float]], clock: AuditClock) -> Iterator[ScoredRun]:
+    for scored, auditor_seconds in timed_runs:
+        clock.auditor_seconds += auditor_seconds
+        yield scored
 
 
 def _runs(

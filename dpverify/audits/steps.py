@@ -4,9 +4,10 @@ A design (:mod:`~dpverify.audits.classification`, :mod:`~dpverify.audits.data_de
 :mod:`~dpverify.audits.language`) builds its request and its scorer from these steps:
 :func:`audit_streams` (seeds), :func:`membership_before_training` / :func:`membership_after_training` (the
 secret bits, drawn when the design's relation needs them), :func:`present_pair` (Algorithm 2's "show the
-trained or the fresh value"), then :func:`audit_through_contract` (train, claim, score, conclude) with its
-parts :func:`train_through_contract`, :func:`query_black_box`, :func:`claimed_epsilon`,
-:func:`guess_and_bound`, :func:`decide_verdict`, :func:`concluded_result` and :func:`error_result`. A step
+trained or the fresh value"), then :func:`audit_through_contract` (train, score, claim, conclude) with its
+parts :func:`train_and_score` (:func:`train_through_contract`, :func:`query_black_box`),
+:func:`conclude_runs` (:func:`claimed_epsilon`, :func:`guess_and_bound`, :func:`decide_verdict`,
+:func:`concluded_result`) and :func:`error_result`. A step
 that fails raises :class:`AuditFailure`, which the audit turns into verdict ``error``. Nothing here knows a
 design by name, and nothing here imports a design.
 """
@@ -20,7 +21,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -334,8 +335,9 @@ def claim_inconsistency(claim: PrivacyClaim) -> str | None:
     )
 
 
-def claimed_epsilon(trained: TrainedModel, relation: str) -> tuple[float, str]:
-    """:func:`claim_in_relation` of the trained model's claim; a claim that cannot be converted fails."""
+def claimed_epsilon(trained: TrainedModel | ScoredRun, relation: str) -> tuple[float, str]:
+    """:func:`claim_in_relation` of a trained model's or a scored run's claim; a claim that cannot be
+    converted fails."""
     claim = trained.claim
     if math.isnan(claim.epsilon):
         raise AuditFailure("its claim states ε = nan", device=trained.device)
@@ -448,7 +450,7 @@ def decide_verdict(
 def concluded_result(
     fields: dict[str, Any],
     config: AuditSettings,
-    trained: TrainedModel,
+    trained: ScoredRun,
     scores: np.ndarray,
     membership: np.ndarray,
     *,
@@ -512,6 +514,39 @@ def concluded_result(
 Scorer = Callable[[TrainedModel], "tuple[np.ndarray, np.ndarray, float | None]"]
 
 
+@dataclass(frozen=True)
+class ScoredRun:
+    """One training run, trained and scored, as it leaves the process it ran in (the model stays there):
+    the scorer's scores, secret bits and test accuracy, and the run's claim and device (what
+    :func:`claimed_epsilon` and :func:`concluded_result` read)."""
+
+    scores: np.ndarray
+    membership: np.ndarray
+    test_accuracy: float | None
+    claim: PrivacyClaim
+    device: str
+
+
+def train_and_score(
+    implementation: Implementation,
+    request: Request,
+    score: Scorer,
+    *,
+    timeout: float | None,
+    clock: AuditClock,
+    say: Progress,
+    returns: type = TrainedModel,
+) -> ScoredRun:
+    """Train ``implementation`` on ``request`` within ``timeout`` seconds and ``score`` its black box (the
+    auditor's time on ``clock``, the black box's answers excluded)."""
+    trained = train_through_contract(implementation, request, returns=returns, timeout=timeout)
+    say("querying the black box")
+    scoring_started, answering = time.perf_counter(), clock.black_box_seconds
+    scores, membership, accuracy = score(_TimedBlackBoxes(trained, clock))
+    clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
+    return ScoredRun(scores, membership, accuracy, trained.claim, trained.device)
+
+
 def audit_through_contract(
     implementation: Implementation,
     config: AuditSettings,
@@ -523,10 +558,21 @@ def audit_through_contract(
     device: str,
     returns: type = TrainedModel,
 ) -> AuditResult:
-    """Train ``implementation`` on each run's request, convert its claim to the design's relation,
-    ``score`` the black box (the auditor's time, the black box's answers excluded) and conclude on all the
-    runs' scores together; any :class:`AuditFailure` on the way ends as verdict ``error``. ``returns`` is
-    the black-box type the request's contract promises; ``device`` is where training was asked to run.
+    """:func:`train_and_score` each run's request, one after the other, and :func:`conclude_runs`;
+    ``returns`` is the black-box type the request's contract promises."""
+    scored = (
+        train_and_score(implementation, request, score, timeout=config.timeout, clock=clock, say=say, returns=returns)
+        for request, score in runs
+    )
+    return conclude_runs(implementation, config, scored, m=m, clock=clock, device=device)
+
+
+def conclude_runs(
+    implementation: Implementation, config: AuditSettings, scored: Iterable[ScoredRun], *, m: int, clock: AuditClock, device: str
+) -> AuditResult:
+    """Convert each scored run's claim to the design's relation and conclude on all the runs' scores
+    together; any :class:`AuditFailure` on the way (raised while ``scored`` is drawn too) ends as verdict
+    ``error``. ``device`` is where training was asked to run.
 
     Pooling R independent runs is one audit of their R·m canaries: a canary changes only its own run, and
     the runs share nothing, so the joint output is exactly as private for that canary as its run (the
@@ -534,39 +580,55 @@ def audit_through_contract(
     the same claim; one that differs is an error, not a choice of which to test."""
     fields = result_fields(implementation, config, m)
     try:
-        pooled: list[tuple[np.ndarray, np.ndarray, float | None]] = []
-        first: TrainedModel | None = None
-        for index, (request, score) in enumerate(runs):
-            trained = train_through_contract(implementation, request, returns=returns, timeout=config.timeout)
-            claim = claimed_epsilon(trained, config.relation)
-            if first is None:
-                first, first_claim = trained, claim
-            elif _claimed_numbers(trained.claim) != _claimed_numbers(first.claim):  # the ε in the relation follows
+        pooled: list[ScoredRun] = []
+        for index, run in enumerate(scored):
+            claim = claimed_epsilon(run, config.relation)
+            if not pooled:
+                first_claim = claim
+            elif _claimed_numbers(run.claim) != _claimed_numbers(pooled[0].claim):  # the ε in the relation follows
                 raise AuditFailure(
-                    f"pooled run {index + 1} claimed {trained.claim}, run 1 claimed {first.claim}; pooled runs of "
+                    f"pooled run {index + 1} claimed {run.claim}, run 1 claimed {pooled[0].claim}; pooled runs of "
                     "one audit must make the same claim",
-                    device=trained.device,
+                    device=run.device,
                 )
-            say("querying the black box")
-            scoring_started, answering = time.perf_counter(), clock.black_box_seconds
-            pooled.append(score(_TimedBlackBoxes(trained, clock)))
-            clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
-        scores = np.concatenate([run[0] for run in pooled])
-        membership = np.concatenate([run[1] for run in pooled])
-        accuracy = pooled[0][2] if len(pooled) == 1 else None
+            pooled.append(run)
         return concluded_result(
             fields,
             config,
-            first,
-            scores,
-            membership,
+            pooled[0],
+            np.concatenate([run.scores for run in pooled]),
+            np.concatenate([run.membership for run in pooled]),
             claim=first_claim,
             clock=clock,
-            test_accuracy=accuracy,
-            run_sizes=tuple(len(run[0]) for run in pooled),
+            test_accuracy=pooled[0].test_accuracy if len(pooled) == 1 else None,
+            run_sizes=tuple(len(run.scores) for run in pooled),
         )
     except AuditFailure as failure:
         return error_result(fields, config, failure, device=device, clock=clock)
+
+
+def until_failure(items: Iterable[Any]) -> tuple[list[Any], AuditFailure | None]:
+    """The items up to the first :class:`AuditFailure`, and that failure (``None``: none): what a task of
+    runs returns from a worker, so that the runs before a failure come back with it."""
+    done: list[Any] = []
+    try:
+        for item in items:
+            done.append(item)
+    except AuditFailure as failure:
+        return done, failure
+    return done, None
+
+
+def in_task_order(results: Generator[tuple[list[Any], AuditFailure | None], None, None]) -> Generator[Any, None, None]:
+    """The items of :func:`until_failure` tasks in order, as ``results`` (an executor's map) gives them,
+    raising a task's failure after the items before it; the tasks not reached are cancelled."""
+    try:
+        for items, failure in results:
+            yield from items
+            if failure is not None:
+                raise failure
+    finally:
+        results.close()
 
 
 def _claimed_numbers(claim: PrivacyClaim) -> tuple:

@@ -24,12 +24,15 @@ from dpverify.audits.steps import (
     claimed_epsilon,
     claimed_run,
     query_black_box,
+    in_task_order,
     resolve_device,
     train_through_contract,
+    until_failure,
 )
 from dpverify.canaries.worlds import TwoWorlds
 from dpverify.config import AuditConfig
 from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture, PrivacyClaim, TrainingRequest
+from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
 from dpverify.stats.two_world import (
     TradeOffCurve,
@@ -107,6 +110,56 @@ class TwoWorldResult:
         return self.seconds / done if done else math.nan
 
 
+#: The two worlds in the order runs alternate: run i trains D as flat run 2i and D′ as 2i + 1.
+WORLDS = ("d", "dprime")
+
+
+@dataclass(frozen=True)
+class _SharedByRuns:
+    """What every run of one audit shares, sent once with each task; ``seeds`` are the flat runs' seeds."""
+
+    implementation: Parcel
+    world: TwoWorlds
+    architecture: MLPArchitecture
+    hyperparameters: DPHyperparameters
+    device: str
+    seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run, as a task returns it: the world's score of its black box, its claim and where it trained
+    (what :func:`~dpverify.audits.steps.claimed_epsilon` reads; the trained model itself stays behind)."""
+
+    score: float
+    claim: PrivacyClaim
+    device: str
+
+
+def _train_runs(task: tuple[_SharedByRuns, range]) -> tuple[list[RunOutcome], AuditFailure | None]:
+    """The flat runs ``indices`` trained, queried and scored in order, up to the first failure."""
+    shared, indices = task
+    implementation = shared.implementation.open()
+    return until_failure(_train_run(implementation, shared, index) for index in indices)
+
+
+def _train_run(implementation: Implementation, shared: _SharedByRuns, index: int) -> RunOutcome:
+    world = shared.world
+    features, labels = world.dataset(WORLDS[index % 2])
+    request = TrainingRequest(
+        features=features,
+        labels=labels,
+        num_classes=world.num_classes,
+        architecture=shared.architecture,
+        hyperparameters=shared.hyperparameters,
+        seed=shared.seeds[index],
+        device=shared.device,
+    )
+    trained = train_through_contract(implementation, request)
+    log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
+    return RunOutcome(score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device)
+
+
 def run_two_world_audit(
     implementation: Implementation,
     *,
@@ -119,12 +172,16 @@ def run_two_world_audit(
     device: str = "cpu",
     curve_for_claim: CurveForClaim | None = full_batch_gdp_curve,
     progress: Progress | None = None,
+    executor: Executor | None = None,
 ) -> TwoWorldResult:
     """Train ``implementation`` ``runs`` times on each of ``world``'s datasets through the contract, score
     each black box with the world's score and decide the verdict; never raises for a failing implementation.
 
     Runs alternate D, D′ so that drift in the machine affects both worlds alike; the trainer's seeds come
-    from one :class:`numpy.random.SeedSequence` of ``seed``, fresh for every run. The ceilings are computed
+    from one :class:`numpy.random.SeedSequence` of ``seed``, fresh for every run. ``executor``
+    (:mod:`dpverify.execution`; default in-process) trains them in chunks, here or in worker processes,
+    with the same scores by seed; an implementation that cannot reach its workers raises
+    :class:`~dpverify.execution.UnportableObject` before training. The ceilings are computed
     before training; a target ε at or above the (ε, δ) ceiling ends the audit as ``undecided`` without
     training when no curve test can apply. ``curve_for_claim`` gives the trade-off curve a claim asserts
     (the default only for full batches, where GDP is exact; ``None``: no curve test); plug in another to
@@ -176,38 +233,36 @@ def run_two_world_audit(
         )
 
     seeds = np.random.SeedSequence(seed).generate_state(2 * runs, dtype=np.uint32) % 2**31
+    executor = executor or InProcessExecutor()
+    shared = _SharedByRuns(
+        implementation=executor.parcel(implementation, what=f"implementation {implementation.info.name!r}"),
+        world=world,
+        architecture=architecture,
+        hyperparameters=hyperparameters,
+        device=device,
+        seeds=tuple(int(s) for s in seeds),
+    )
+    tasks = [(shared, indices) for indices in chunks(2 * runs, parallelism=executor.parallelism)]
+    outcomes = in_task_order(executor.map(_train_runs, tasks, gpu=device == "cuda"))
     scores: dict[str, list[float]] = {"d": [], "dprime": []}
     claims: dict[str, set] = {"d": set(), "dprime": set()}
     curves: list[TradeOffCurve | None] = []
     mus: list[float | None] = []
     converted: dict[tuple, tuple[float, str]] = {}
     try:
-        for i in range(runs):
-            for which, run_seed in (("d", seeds[2 * i]), ("dprime", seeds[2 * i + 1])):
-                features, labels = world.dataset(which)
-                request = TrainingRequest(
-                    features=features,
-                    labels=labels,
-                    num_classes=world.num_classes,
-                    architecture=architecture,
-                    hyperparameters=hyperparameters,
-                    seed=int(run_seed),
-                    device=device,
-                )
-                trained = train_through_contract(implementation, request)
-                shape = (len(world.probes), world.num_classes)
-                log_probs = query_black_box(trained, world.probes, expected_shape=shape)
-                scores[which].append(world.score_log_probs(log_probs))
-                claim = trained.claim
-                key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
-                       claim.relation)  # fmt: skip
-                if key not in converted:  # converting a claim may run an accountant: once per distinct claim
-                    converted[key] = claimed_epsilon(trained, world.relation)
-                    curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
-                    mus.append(full_batch_gdp_mu(claim, world.relation))
-                claims[which].add(converted[key][0])
-            if (i + 1) % max(1, runs // 10) == 0:
-                say(f"{i + 1} of {runs} runs per world")
+        for index, outcome in enumerate(outcomes):
+            which = WORLDS[index % 2]
+            scores[which].append(outcome.score)
+            claim = outcome.claim
+            key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
+                   claim.relation)  # fmt: skip
+            if key not in converted:  # converting a claim may run an accountant: once per distinct claim
+                converted[key] = claimed_epsilon(outcome, world.relation)
+                curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
+                mus.append(full_batch_gdp_mu(claim, world.relation))
+            claims[which].add(converted[key][0])
+            if (index + 1) % (2 * max(1, runs // 10)) == 0:
+                say(f"{(index + 1) // 2} of {runs} runs per world")
         for which in ("d", "dprime"):
             if len(claims[which]) != 1:
                 raise AuditFailure(
@@ -229,6 +284,8 @@ def run_two_world_audit(
             scores_dprime=tuple(scores["dprime"]),
             error=f"{implementation.info.name}: {failure.cause}",
         )
+    finally:
+        outcomes.close()  # after a failure, the runs not started are not trained
 
     eps_d, eps_dprime = claims["d"].pop(), claims["dprime"].pop()
     claimed = max(eps_d, eps_dprime)
@@ -256,7 +313,9 @@ def run_two_world_audit(
     )
 
 
-def run_two_world_design(implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None) -> AuditResult:
+def run_two_world_design(
+    implementation: Implementation, config: AuditConfig, *, progress: Progress | None = None, executor: Executor | None = None
+) -> AuditResult:
     """The two-world audit as ``design="two_world"`` of an :class:`AuditConfig` runs it (the plugin, the
     CLI), with the config's world, runs, model, training, level, seed and device, reported as an
     :class:`AuditResult`.
@@ -277,6 +336,7 @@ def run_two_world_design(implementation: Implementation, config: AuditConfig, *,
         seed=config.seed,
         device=config.device,
         progress=progress,
+        executor=executor,
     )
     bound = outcome.bound
     counted = 0 if bound is None else bound.negatives + bound.positives

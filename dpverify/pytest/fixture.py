@@ -86,7 +86,7 @@ def execute_audit(
     seed of ``key``, and record it on ``node``'s reports (JUnit properties included)."""
     session.start_audit(counted=counted, where=node.nodeid)
     config = config.with_overrides(seed=session.audit_seed(key), confidence=session.per_audit_confidence)
-    result = run_audit(implementation, config)
+    result = run_audit(implementation, config, executor=session.executor_for_audits())
     record = audit_entry(result, implementation, nodeid=node.nodeid)
     node.user_properties.extend((f"dp_audit_{name}", record[name]) for name in JUNIT_FIELDS)
     # The planned count travels with the result: under xdist only the workers collect and count.

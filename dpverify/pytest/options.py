@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dpverify.execution import EXECUTORS
+
 #: :data:`dpverify.config.PROFILE_NAMES`, spelled out so that start-up imports nothing heavy (a test keeps them equal).
 PROFILE_CHOICES = ("quick", "standard", "gpu", "mlp", "paper")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -72,6 +74,13 @@ def _flag(text: str) -> bool:
     if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         raise ValueError(f"must be true or false, got {text!r}")
     return lowered in ("1", "true", "yes", "on")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1, got {value}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -186,6 +195,32 @@ SETTINGS: tuple[Setting, ...] = (
         "limit",
         "SECONDS",
         shown_default="the profile's (30 min per training run, 1 h for gpu, 4 h for paper)",
+    ),
+    Setting(
+        "executor",
+        _choice(EXECUTORS),
+        None,
+        "where the independent runs of an audit train (a two-world audit's, pooled runs): inprocess, pool (local worker "
+        "processes) or ray (a Ray cluster; pip install 'dpverify[ray]'); results are the same by seed",
+        "NAME",
+        shown_default="inprocess, or pool with --dp-audit-workers",
+    ),
+    Setting(
+        "workers",
+        _count,
+        None,
+        "worker processes of the pool executor (or CPUs of a local Ray cluster); implies the pool executor",
+        "N",
+        shown_default="one per core when the executor is pool",
+    ),
+    Setting(
+        "ray-address",
+        str,
+        None,
+        "address of a running Ray cluster for the ray executor: auto (the one `ray start --head` runs here) or "
+        "ray://HOST:10001",
+        "ADDRESS",
+        shown_default="a local Ray cluster started for the session",
     ),
     Setting("report", str, None, "write a JSON report of every audit to PATH (rewritten after each audit)", "PATH", shown_default="none"),
     Setting("plots", str, None, "write per-audit PNG plots to DIR (needs matplotlib)", "DIR", shown_default="none"),

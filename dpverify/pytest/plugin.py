@@ -16,6 +16,7 @@ import pytest
 
 from dpverify.pytest import options
 from dpverify.pytest.stash import PLANNED_KEY, RESULT_PROPERTY, SESSION_KEY
+from dpverify.execution import ExecutorSpec
 from dpverify.session import AuditSession, outcome_as_expected
 
 MARKER_HELP = (
@@ -61,6 +62,7 @@ def _session(config: pytest.Config) -> AuditSession:
         settings=_settings(options.resolve(config, "set")),
         strict=options.resolve(config, "strict"),
         timeout=options.resolve(config, "timeout"),
+        executor=_executor(config),
         report_path=options.resolve(config, "report"),
         plots_dir=options.resolve(config, "plots"),
     )
@@ -86,6 +88,14 @@ def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
             f"--dp-audit-set: unknown audit setting(s) {', '.join(unknown)}; known: {', '.join(sorted(MARKER_KEYWORDS))}"
         )
     return settings
+
+
+def _executor(config: pytest.Config) -> ExecutorSpec:
+    settings = {name.replace("-", "_"): options.resolve(config, name) for name in ("executor", "workers", "ray-address")}
+    try:
+        return ExecutorSpec(**settings)
+    except ValueError as exc:
+        raise options.OptionError(f"--dp-audit-executor, --dp-audit-workers, --dp-audit-ray-address: {exc}") from None
 
 
 def _check_device(device: str) -> None:
@@ -117,6 +127,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from dpverify.registry import forget_registrations
 
     forget_registrations()
+    if SESSION_KEY in config.stash:
+        config.stash[SESSION_KEY].close()
 
 
 class ResultGatherer:
