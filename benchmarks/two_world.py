@@ -8,6 +8,7 @@
     python benchmarks/two_world.py catalog       # bugs.md rows 6, 7, 9, 11, 12 against the correct path
     python benchmarks/two_world.py shuffle-gap   # the Poisson claim against a shuffled run's final sum
     python benchmarks/two_world.py noise-deficit # Opacus with its noise divided by k, where one run cannot tell
+    python benchmarks/two_world.py scale --runs 100000  # 10⁵ runs per world by executor, power, row 9
 
 Each writes a table to ``benchmarks/results/two-world*.md``. The reference and Opacus memoise their
 accountants' ε per distinct (σ, q, steps, δ) in the process (pure functions that cost more than a small
@@ -351,6 +352,74 @@ def executor_speed(args: argparse.Namespace) -> None:
     _write(args.output or "executor-speed.md", lines)
 
 
+def scale(args: argparse.Namespace) -> None:
+    """Two-world audits of ``--runs`` runs per world through the executors: the GDP test against a correct
+    full-batch Gaussian mechanism at each of ``--epsilons`` (the power setting: the reference, softmax
+    regression, the replace-one worst case, one step) in a pool of ``--workers``; at the first ε also
+    in-process and on a local Ray cluster, for runs per second by mode; and bugs.md row 9 (shuffled
+    batches accounted as Poisson) against the correct Opacus path in the catalog's setting."""
+    from dpverify.execution import ExecutorSpec
+
+    world = worst_case_record_worlds(records=1, relation="replace_one", dimension=args.dimension, scale=args.scale)
+    lines = header(
+        "Two-world audits at scale: runs per second by executor, closeness to the claim, and row 9",
+        args,
+        [
+            f"- power rows: reference-dpsgd, softmax regression {args.dimension} → 2 from zero, {world.name}, q = 1, "
+            f"1 step, C = 1, lr = {args.noise_step}/σ, σ for the target replace-one GDP ε; 95 % confidence shared by "
+            f"the two tests; seed {args.seed}; {args.runs} runs per world in the pool, {args.mode_runs} on Ray and in-process",
+            "- row 9: opacus-shuffled-batches against opacus-ghost, worst-case-record add/remove with 2 base records, "
+            f"q = 1/2, 2 steps, σ = 1, lr 0.07 (the catalog's setting); a final-model score; {args.row9_runs} runs per world",
+        ],
+    )
+    lines += [
+        "| audit | executor | runs per world | runs/s | claimed ε | ε_L | GDP μ_L / claimed μ | GDP ε_L | GDP ε_L / claim | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def row(label: str, kind: str, result: TwoWorldResult) -> None:
+        if result.verdict == "error":
+            raise SystemExit(result.error)
+        b, claimed = result.bound, result.claimed_epsilon
+        mu = "–" if result.claimed_mu is None else f"{b.gdp_mu_lower_bound:.3f} / {result.claimed_mu:.3f}"
+        gdp = "–" if result.claimed_mu is None else f"{b.gdp_epsilon_lower_bound:.3f}"
+        ratio = "–" if result.claimed_mu is None else f"{b.gdp_epsilon_lower_bound / claimed:.2f}"
+        lines.append(
+            f"| {label} | {kind} | {result.runs} | {2 * result.runs / result.seconds:.0f} | {claimed:.3f} | "
+            f"{b.epsilon_lower_bound:.3f} | {mu} | {gdp} | {ratio} | {result.verdict} |"
+        )
+        print(lines[-1], flush=True)
+
+    def power_audit(target: float, executor, runs: int) -> TwoWorldResult:
+        sigma = 2 / _mu_for_epsilon(target)
+        hp = DPHyperparameters(
+            noise_multiplier=sigma, sampling_rate=1.0, epochs=1, learning_rate=args.noise_step / sigma, delta=DELTA
+        )
+        return run_two_world_audit(
+            implementation("reference-dpsgd"), world=world, runs=runs, hyperparameters=hp,
+            architecture=MLPArchitecture(hidden_width=0), confidence=0.95, seed=args.seed, executor=executor,
+        )  # fmt: skip
+
+    kinds = {"pool": ExecutorSpec(executor="pool", workers=args.workers), "ray": ExecutorSpec(executor="ray", workers=args.workers),
+             "inprocess": ExecutorSpec(executor="inprocess")}  # fmt: skip
+    with kinds["pool"].start() as pool:
+        for target in args.epsilons:
+            row(f"reference, target ε {target:g}", f"pool ({args.workers})", power_audit(target, pool, args.runs))
+        shuffle_world = worst_case_record_worlds(records=2, dimension=2)
+        hp = DPHyperparameters(noise_multiplier=1.0, sampling_rate=0.5, epochs=1, learning_rate=0.07, delta=DELTA)
+        for name in ("opacus-shuffled-batches", "opacus-ghost"):
+            result = run_two_world_audit(
+                implementation(name), world=shuffle_world, runs=args.row9_runs, hyperparameters=hp,
+                architecture=MLPArchitecture(hidden_width=0), confidence=0.95, seed=args.seed, executor=pool,
+            )  # fmt: skip
+            row(f"row 9: {name}", f"pool ({args.workers})", result)
+    for kind in ("ray", "inprocess"):
+        with kinds[kind].start() as executor:
+            label = kind if kind == "inprocess" else f"{kind} ({args.workers})"
+            row(f"reference, target ε {args.epsilons[0]:g}", label, power_audit(args.epsilons[0], executor, args.mode_runs))
+    _write(args.output or "two-world-scale.md", lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class CatalogCase:
     """One bugs.md row's variant in a world built for its bug class, with the correct path as control."""
@@ -522,7 +591,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "what",
-        choices=("finding", "false-alarms", "power", "speed", "executor-speed", "catalog", "shuffle-gap", "noise-deficit"),
+        choices=("finding", "false-alarms", "power", "speed", "executor-speed", "scale", "catalog", "shuffle-gap", "noise-deficit"),
     )
     parser.add_argument("--runs", type=int, default=200, help="runs per world")
     parser.add_argument("--audits", type=int, default=100)
@@ -544,7 +613,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
     parser.add_argument("--worlds", nargs="+", choices=SPEED_WORLDS, default=["worst_case_record"], help="speed: the worlds")
-    parser.add_argument("--workers", type=int, default=2, help="executor-speed: the pool's processes, the Ray cluster's CPUs")
+    parser.add_argument("--workers", type=int, default=2, help="executor-speed, scale: the pool's processes, the Ray cluster's CPUs")
+    parser.add_argument("--row9-runs", type=int, default=100_000, help="scale: runs per world of the row 9 audits")
+    parser.add_argument("--mode-runs", type=int, default=100_000, help="scale: runs per world on Ray and in-process")
     parser.add_argument("--output", help="file name under benchmarks/results/")
     args = parser.parse_args()
     import torch
@@ -559,6 +630,7 @@ def main() -> None:
         "catalog": catalog,
         "shuffle-gap": shuffle_gap,
         "noise-deficit": noise_deficit,
+        "scale": scale,
     }
     subcommands[args.what](args)
 
