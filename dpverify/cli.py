@@ -126,11 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
 
     bound = commands.add_parser("bound", help="ε lower bound from counts (Steinke, Nasr & Jagielski 2023)")
-    bound.add_argument("--m", type=int, required=True, help="number of canaries")
-    bound.add_argument("--guesses", type=int, required=True)
-    bound.add_argument("--correct", type=int, required=True)
-    bound.add_argument("--delta", type=float, default=1e-5)
-    bound.add_argument("--confidence", type=float, default=0.95)
+    bound.add_argument("--m", type=int, required=True, help="number of canaries, >= 1")
+    bound.add_argument("--guesses", type=int, required=True, help="guesses the audit made, in [0, m]")
+    bound.add_argument("--correct", type=int, required=True, help="correct guesses, in [0, guesses]")
+    bound.add_argument("--delta", type=float, default=1e-5, help="δ the claim holds at, in (0, 1) (default %(default)g)")
+    bound.add_argument("--confidence", type=float, default=0.95, help="confidence of the bound, in (0, 1) (default %(default)g)")
     return parser
 
 

@@ -41,6 +41,14 @@ def test_bound_prints_the_bound_and_the_optimum(capsys):
     assert "epsilon_lower_bound = " in out and "optimal for m=1000: 5.78" in out
 
 
+def test_bound_help_explains_every_option_and_its_default(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bound", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    assert "correct guesses, in [0, guesses]" in text and "(default 1e-05)" in text and "(default 0.95)" in text
+
+
 def test_bound_rejects_impossible_counts(capsys):
     assert main(["bound", "--m", "10", "--guesses", "5", "--correct", "6"]) == 2
     assert "correct" in capsys.readouterr().err
