@@ -399,7 +399,7 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
     """``(gate audit, implementation, audit config)`` for every planned audit, all built (and so checked)
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
     of audits. A two-world audit of the gate takes, of the settings, only those its world lets change."""
-    from dpverify.config import TWO_WORLD_GATE_SETTINGS, two_world_config
+    from dpverify.config import gate_world_config
     from dpverify.registry import get_implementation
 
     plan = []
@@ -409,8 +409,7 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
             if audit.world is None:
                 config = _config_for(implementation, profile, overrides)
             else:
-                taken = {k: v for k, v in overrides.items() if k in TWO_WORLD_GATE_SETTINGS}
-                config = two_world_config(profile, audit.world, **taken)
+                config = gate_world_config(profile, audit.world, overrides)
             config = config.with_overrides(
                 device=session.device,
                 seed=session.audit_seed(audit.seed_key),

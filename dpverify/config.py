@@ -382,6 +382,12 @@ def two_world_config(profile: str, world: str, **overrides: Any) -> AuditConfig:
     return apply_overrides(PROFILES[profile], {**setting, **overrides})
 
 
+def gate_world_config(profile: str, world: str, settings: dict[str, Any]) -> AuditConfig:
+    """:func:`two_world_config` with those of a run's ``settings`` (meant for every audit: ``--set``,
+    ``--dp-audit-set``) that a gate world takes; the others are the one-run audits'."""
+    return two_world_config(profile, world, **{k: v for k, v in settings.items() if k in TWO_WORLD_GATE_SETTINGS})
+
+
 def parse_settings(pairs: Any) -> dict[str, Any]:
     """``NAME=VALUE`` pairs (``--set``, ``--dp-audit-set``) as overrides: VALUE is a Python literal, or a
     string when it is none; an unknown NAME is a ``ValueError`` listing the known ones."""

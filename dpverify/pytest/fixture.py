@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import pytest
 
 from dpverify.audits import run_audit
-from dpverify.config import OVERRIDABLE, TWO_WORLD_GATE_SETTINGS, AuditConfig, profile_config, two_world_config
+from dpverify.config import OVERRIDABLE, AuditConfig, gate_world_config, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
@@ -72,11 +72,8 @@ def audit_config(session: AuditSession, overrides: dict[str, Any]) -> AuditConfi
 def world_config(session: AuditSession, world: str) -> AuditConfig:
     """The default gate's two-world audit of ``world`` at the session's profile, device and time limit,
     with the ``--dp-audit-set`` settings it takes (runs, records, outputs); the world designates its own σ."""
-    overrides = {name: value for name, value in session.settings.items() if name in TWO_WORLD_GATE_SETTINGS}
-    overrides.setdefault("device", session.device)
-    if session.timeout is not None:
-        overrides.setdefault("timeout", session.timeout)
-    return two_world_config(session.profile, world, **overrides)
+    limit = {} if session.timeout is None else {"timeout": session.timeout}
+    return gate_world_config(session.profile, world, {"device": session.device, **limit, **session.settings})
 
 
 def execute_audit(
