@@ -313,7 +313,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             result = run_audit(
                 implementation, config, progress=progress.stage, step_progress=progress.step, executor=session.executor_for_audits()
             )
-            progress.finish(_outcome(result))
+            progress.finish(result.headline())
             session.results.append(audit_entry(result, implementation, nodeid=f"dpverify audit {_audit_name(audit)}"))
             session.write_report(complete=False)
             if args.plots:
@@ -472,17 +472,6 @@ def _conclude(session: Any, *, complete: bool) -> None:
     path = session.write_report(complete=complete)
     if path is not None:
         print(f"JSON report: {path}" + ("" if complete else " (incomplete: interrupted)"))
-
-
-def _outcome(result: Any) -> str:
-    """The audit's outcome in one line."""
-    if result.verdict == "error":
-        return f"error: {result.error.splitlines()[0]}"
-    accuracy = "" if result.test_accuracy is None else f", test accuracy {result.test_accuracy:.3f}"
-    return (
-        f"{result.verdict}: ε_L = {result.epsilon_lower_bound:.3f}, claimed {result.claimed_epsilon:.3f} "
-        f"(ε_O {result.optimal_epsilon:.3f}){accuracy}"
-    )
 
 
 class ProgressLine:

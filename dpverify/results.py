@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dpverify._text import deficit_text
+from dpverify.stats.power import LARGEST_DEFICIT, POWER, AuditPower
+
 Verdict = Literal["pass", "violation", "undecided", "error"]
 VERDICTS: tuple[str, ...] = ("pass", "violation", "undecided", "error")
 
@@ -43,7 +46,13 @@ class AuditResult:
       the (ε, δ) test decisive;
     - ``error`` when training, the black box or the claim failed (``error`` says why): never a pass; no
       bound was computed, so ``epsilon_lower_bound`` and ``claimed_epsilon`` are NaN (``null`` in the report);
-    - ``pass`` otherwise. A pass is not a proof of privacy: ε_L is a lower bound.
+    - ``undecided`` too when a pass could not see (``power.blind`` says why): its canaries carried much less
+      of the claimed signal than the design does in a correct implementation, or no noise deficit up to
+      10× would have been caught;
+    - ``pass`` otherwise. A pass is not a proof of privacy: ε_L is a lower bound. ``power``
+      (:class:`~dpverify.stats.power.AuditPower`) says what it could have caught: the signal fraction ρ its
+      canaries carried and k*, the smallest noise deficit (σ/k added where σ is claimed) it refutes with
+      probability ≥ 0.8.
 
     ``test_accuracy`` (data-dependent designs only) is the main head's accuracy on the held-out split: the
     utility the audit left the model with (the paper's Case II trade-off).
@@ -85,6 +94,7 @@ class AuditResult:
     auditor_seconds: float = 0.0
     error: str | None = None
     test_accuracy: float | None = None
+    power: AuditPower | None = None
     config: dict[str, Any] = field(default_factory=dict)
     scores: np.ndarray | None = field(default=None, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
@@ -130,6 +140,7 @@ class AuditResult:
             "auditor_seconds": round(self.auditor_seconds, 3),
             "error": self.error,
             "test_accuracy": _json_float(self.test_accuracy),
+            "power": None if self.power is None else self.power.to_dict(),
             "config": self.config,
             "bound_by_guesses": [list(row) for row in self.bound_by_guesses],
         }
@@ -174,16 +185,73 @@ class AuditResult:
             head += f" {self.claim_derivation}."
         if self.test_accuracy is not None:
             head += f" Test accuracy of the audited model: {self.test_accuracy:.2%}."
+        if self.power is not None:
+            head += f" {self.power_sentence()}"
         if self.verdict == "violation":
             return head + (
                 " The run leaks more than its claim allows: check that every step clips each example's "
                 "gradient, adds N(0, σ²C²) noise to the clipped sum once per step, samples batches the way "
                 "the accountant assumes, and that the accountant is given the σ, q and step count actually used."
             )
+        if self.verdict == "undecided" and self.blind:
+            return head + f" The audit could not see: {self.blind}."
         if self.verdict == "undecided":
             need = f"about {self.canaries_needed}" if self.canaries_needed else "more"
             return head + f" The claim is at or above ε_O, so this audit cannot refute it: use {need} canaries."
         return head
+
+
+    @property
+    def blind(self) -> str | None:
+        """Why this audit could not see (its verdict is then ``undecided``), or ``None``."""
+        return self.power.blind if self.power is not None and self.verdict == "undecided" else None
+
+    def power_sentence(self) -> str:
+        """What the audit could have caught, in words."""
+        power = self.power
+        if power is None:
+            if self.design == "two_world" and self.verdict != "error":
+                return (
+                    "Power: this world's score reads the spread of the outputs (the noise's scale), not the "
+                    "differing record, so it states no noise deficit; it catches noise or a normaliser that "
+                    "reads the dataset's size or the batch's."
+                )
+            return ""
+        deficit = (
+            f"none up to {LARGEST_DEFICIT:g}×"
+            if math.isinf(power.smallest_deficit)
+            else f"k ≥ {deficit_text(power.smallest_deficit)}"
+        )
+        return (
+            f"Power: its scores carried ρ = {power.signal_fraction:.2f} of the claimed mechanism's signal "
+            f"(GDP μ = {power.claimed_mu:.3g}; interval {power.signal_low:.2f} to {power.signal_high:.2f}); the "
+            f"smallest noise deficit it would refute with probability ≥ {POWER:g}: {deficit}."
+        )
+
+    def headline(self) -> str:
+        """The audit in one line: the verdict (what a pass could catch), both tests and which decided,
+        the claim and the signal its canaries carried."""
+        if self.verdict == "error":
+            return f"error: {(self.error or '').splitlines()[0]}"
+        tests = f"ε_L = {self.epsilon_lower_bound:.3f} (ε, δ test)"
+        if self.curve_epsilon_lower_bound is not None:
+            p = "" if self.curve_p_value is None else f", p = {self.curve_p_value:.2g}"
+            tests += f", curve ε_L = {self.curve_epsilon_lower_bound:.3f} (curve test{p})"
+        decided = ""
+        if self.verdict == "violation":
+            by = [name for name, refuted in (("the (ε, δ) test", self.epsilon_lower_bound > self.claimed_epsilon),
+                                             ("the curve test", self.curve_refuted)) if refuted]  # fmt: skip
+            decided = f" by {' and '.join(by)}" if by else " by the claim's own numbers"
+        signal = "" if self.power is None else f"; ρ = {self.power.signal_fraction:.2f}"
+        accuracy = "" if self.test_accuracy is None else f"; test accuracy {self.test_accuracy:.3f}"
+        return f"{self.outcome}{decided}: {tests}; claimed {self.claimed_epsilon:.3f} (ε_O {self.optimal_epsilon:.3f}){signal}{accuracy}"
+
+    @property
+    def outcome(self) -> str:
+        """The verdict with what a pass could catch: "pass (would catch a k ≥ 1.6 noise deficit)"."""
+        if self.verdict == "pass" and self.power is not None and math.isfinite(self.power.smallest_deficit):
+            return f"pass (would catch a k ≥ {deficit_text(self.power.smallest_deficit)} noise deficit)"
+        return self.verdict
 
 
 class DPViolation(AssertionError):

@@ -12,6 +12,7 @@ session only when they are *not* refuted, so they take no share of the level.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shlex
@@ -22,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpverify._text import deficit_text
 from dpverify.execution import Executor, ExecutorSpec
 
 if TYPE_CHECKING:
@@ -164,12 +166,18 @@ class AuditSession:
         return path
 
     def summary_lines(self, *, ascii: bool = False) -> list[str]:
-        """The terminal table: one row per audit, expected outcomes marked apart from unexpected ones. The
-        test column tells apart two audits of one implementation; the note says why an audit errored or
-        how many canaries an undecided one needs. ε_L is the (ε, δ) test's bound, curve ε_L the curve test's
-        (the ε of the weakest member of the claim's family it refutes; either test can decide). ``ascii`` spells ε and ∞ in ASCII before the columns are
-        aligned, for a terminal that cannot show them."""
-        header = ("implementation", "test", "design", "relation", "claimed ε", "ε_L", "curve ε_L", "ε_O", "verdict", "expected", "s", "note")
+        """The terminal table: one row per audit, expected outcomes marked apart from unexpected ones.
+
+        The test column tells apart two audits of one implementation. Both tests show: ε_L is the (ε, δ)
+        test's bound, curve ε_L the curve test's (the ε of the weakest member of the claim's family it
+        refutes), curve p its smallest tail bound, and "decided" names the test that refuted the claim. ρ is
+        the share of the claimed signal the canaries carried and k* the smallest noise deficit the audit
+        would refute with probability 0.8 ("none": not even 10×; "n/a": a two-world audit whose score reads
+        the noise's scale, not the record). The note says why an audit errored, could not see, or how many
+        canaries an undecided one needs. ``ascii`` spells ε and ∞ in ASCII before the columns are aligned,
+        for a terminal that cannot show them."""
+        header = ("implementation", "test", "design", "claimed ε", "ε_L", "curve ε_L", "curve p", "decided", "ρ", "k*",
+                  "ε_O", "verdict", "expected", "s", "note")  # fmt: skip
         rows = [header]
         for r in sorted(self.results, key=lambda r: (r["implementation"], r.get("nodeid") or "", r["seed"])):
             expected = r["expected"] if r["detectability"] is None else f"{r['expected']} ({r['detectability']})"
@@ -178,10 +186,12 @@ class AuditSession:
                     r["implementation"],
                     r.get("nodeid") or "-",
                     _design(r),
-                    r["relation"],
                     _fmt(r, "claimed_epsilon"),
                     _fmt(r, "epsilon_lower_bound"),
                     _fmt(r, "curve_epsilon_lower_bound"),
+                    "-" if r.get("curve_p_value") is None else f"{r['curve_p_value']:.2g}",
+                    decided_by(r),
+                    *_power_cells(r),
                     _fmt(r, "optimal_epsilon"),
                     f"{r['verdict']} {outcome_mark(r)}".rstrip(),
                     expected,
@@ -196,9 +206,11 @@ class AuditSession:
         lines.insert(1, "  ".join("-" * width for width in widths))
         lines.append(
             f"{len(self.results)} audit(s); each at confidence {self.per_audit_confidence:.5f} so that the "
-            f"session keeps {self.confidence:g} over {self.planned_audits} planned audit(s). "
-            "'!' marks an outcome other than expected, '~' a subtle (D3/D4) variant not caught, 'K' a known "
-            "issue of an unmodified library found again."
+            f"session keeps {self.confidence:g} over {self.planned_audits} planned audit(s): the plan counts "
+            "the audits of implementations expected private, the only ones that can raise a false alarm (a buggy "
+            "variant's violation and a known issue's are the expected outcomes). '!' marks an outcome other "
+            "than expected, '~' a subtle (D3/D4) variant not caught, 'K' a known issue of an unmodified library "
+            "found again."
         )
         return lines
 
@@ -264,6 +276,35 @@ def _design(result: dict[str, Any]) -> str:
     return result["design"]
 
 
+def decided_by(result: dict[str, Any]) -> str:
+    """Which test refuted the claim: "ε,δ", "curve", both, or "claim" (it contradicts its own numbers);
+    "-" when none did."""
+    if result["verdict"] != "violation":
+        return "-"
+    if not result["claim_consistent"]:
+        return "claim"
+    steinke = _number(result, "epsilon_lower_bound") > _number(result, "claimed_epsilon")
+    tests = [name for name, refuted in (("ε,δ", steinke), ("curve", result["curve_refuted"])) if refuted]
+    return "+".join(tests) or "-"
+
+
+def _number(result: dict[str, Any], name: str) -> float:
+    """A number field of a report entry as a float: ∞ when listed as infinite, NaN when it has no value."""
+    if name in result.get("infinite", ()):
+        return math.inf
+    return math.nan if result[name] is None else float(result[name])
+
+
+def _power_cells(result: dict[str, Any]) -> tuple[str, str]:
+    """(ρ, k*) of a report entry: k* rounded up to 0.1, "none" beyond 10×, "n/a" without a power measure."""
+    power = result.get("power")
+    if power is None:
+        return "-", "n/a" if result["design"] == "two_world" and result["verdict"] != "error" else "-"
+    rho = "-" if power["signal_fraction"] is None else f"{power['signal_fraction']:.2f}"
+    deficit = power["smallest_deficit"]
+    return rho, "none" if deficit is None else deficit_text(deficit)
+
+
 def _fmt(result: dict[str, Any], name: str) -> str:
     """A number field of a report entry for the table: ∞ when the entry lists it as infinite, '-' when it
     has no value (see :meth:`dpverify.results.AuditResult.to_dict`)."""
@@ -277,11 +318,18 @@ def _fmt(result: dict[str, Any], name: str) -> str:
 NOTE_WIDTH = 72
 
 
+def _clipped(note: str) -> str:
+    return note if len(note) <= NOTE_WIDTH else note[: NOTE_WIDTH - 3] + "..."
+
+
 def _note(result: dict[str, Any]) -> str:
-    """Why an audit errored (its first line), or how many canaries an undecided one needs."""
+    """Why an audit errored (its first line), why it could not see, or how many canaries an undecided one
+    needs."""
     if result["verdict"] == "error" and result["error"]:
-        first = result["error"].splitlines()[0]
-        return first if len(first) <= NOTE_WIDTH else first[: NOTE_WIDTH - 3] + "..."
+        return _clipped(result["error"].splitlines()[0])
+    blind = (result.get("power") or {}).get("blind")
+    if result["verdict"] == "undecided" and blind:
+        return _clipped(f"could not see: {blind}")
     if result["verdict"] == "undecided":
         needed = result["canaries_needed"]
         if "claimed_epsilon" in result.get("infinite", ()):

@@ -108,3 +108,35 @@ class Broken(Implementation):
             return np.zeros((len(features), n_classes + 1))
 
         return TrainedModel(predict_log_proba=predict, claim=claim_for(request, 1.0), device="cpu")
+
+
+@dataclass
+class GaussianMechanism(Implementation):
+    """The claimed mechanism itself, canary by canary: a trained record's label gains ``signal`` × μ on its
+    logit, μ = √steps/σ of the claim (exact at q = 1), over independent Gaussian logits scaled so that the
+    default inclusion score (label minus the mean of the other labels) is N(μ, 1) for a member and N(0, 1)
+    otherwise. ``signal`` = 1 is a correct implementation as an audit sees it; < 1 one whose canaries carry
+    less (a model that is not the designated one)."""
+
+    claimed_epsilon: float = 2.0
+    signal: float = 1.0
+    info: ImplementationInfo = field(
+        default_factory=lambda: ImplementationInfo(name="test-gaussian-mechanism", library="numpy")
+    )
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        claim = claim_for(request, self.claimed_epsilon)
+        mu = math.sqrt(claim.steps) / claim.noise_multiplier
+        classes = request.num_classes
+        scale = 1 / math.sqrt(1 + 1 / (classes - 1))
+        seen = {row.tobytes(): label for row, label in zip(request.features, request.labels)}
+        rng = np.random.default_rng(request.seed)
+
+        def predict(features: np.ndarray) -> np.ndarray:
+            logits = scale * rng.standard_normal((len(features), classes))
+            for i, row in enumerate(features):
+                if row.tobytes() in seen:
+                    logits[i, seen[row.tobytes()]] += self.signal * mu
+            return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+        return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")

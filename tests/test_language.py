@@ -158,8 +158,8 @@ class Recorder(LanguageImplementation):
 def test_inclusion_design_trains_exactly_the_canaries_whose_bit_is_plus_one():
     from dpverify.audits.steps import audit_streams
 
-    """The secret bits select the training set and nothing else reaches the trainer; with a black box that
-    prefers nothing, no guess count beats chance, so a correct claim passes."""
+    """The secret bits select the training set and nothing else reaches the trainer; a black box that
+    prefers nothing carries no signal, so its pass could not see: undecided, never green."""
     config = LanguageAuditConfig(canaries=TokenCanaryConfig(m=200, new_tokens=50), device="cpu", seed=3)
     recorder = Recorder()
     result = run_language_audit(recorder, config)
@@ -167,7 +167,7 @@ def test_inclusion_design_trains_exactly_the_canaries_whose_bit_is_plus_one():
     members = result.membership == 1
     assert np.array_equal(recorder.request.sequences, drawn.sequences(drawn.suffixes)[members])
     assert 60 < members.sum() < 140  # Binomial(200, ½): outside this range with probability < 1e-7
-    assert result.relation == "add_remove" and result.verdict == "pass"
+    assert result.relation == "add_remove" and result.verdict == "undecided" and result.blind
 
 
 def test_overrides_route_to_their_part_and_unknown_names_are_refused():

@@ -15,9 +15,11 @@ import sys
 sys.path.insert(0, {str(REPO)!r})
 from dpverify.contract import ImplementationInfo
 from dpverify.registry import register_implementation
-from tests.doubles import Broken, Memoriser, Oblivious
+from tests.doubles import Broken, GaussianMechanism, Memoriser
 
-register_implementation(Oblivious(claimed_epsilon=1.0, info=ImplementationInfo(name="third-party-private", library="numpy")))
+register_implementation(
+    GaussianMechanism(claimed_epsilon=1.0, info=ImplementationInfo(name="third-party-private", library="numpy"))
+)
 register_implementation(Memoriser(claimed_epsilon=1.0, info=ImplementationInfo(name="leaky", library="numpy")))
 """
 
@@ -207,8 +209,8 @@ def variant(name, cls):
     return ImplementationInfo(name=name, library="numpy", expected="violation", breaks="adds no noise", detectability=cls)
 
 register_implementation(Memoriser(info=variant("caught-d1", "D1")))
-register_implementation(Oblivious(info=variant("missed-d2", "D2")))
-register_implementation(Oblivious(info=variant("missed-d3", "D3")))
+register_implementation(GaussianMechanism(info=variant("missed-d2", "D2")))
+register_implementation(GaussianMechanism(info=variant("missed-d3", "D3")))
 """
     )
     report = project.path / "r.json"

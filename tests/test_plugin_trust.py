@@ -143,7 +143,7 @@ def test_a_hypothesis_example_is_seeded_from_itself(project, tmp_path):
         from dpverify.strategies import audit_settings
 
         @settings(audit_settings, max_examples=4, database=None, derandomize=True)
-        @given(m=st.sampled_from([30, 40]))
+        @given(m=st.sampled_from([300, 400]))
         def test_drawn(dp_audit, m):
             dp_audit("third-party-private", m=m, dimension=m, num_classes=5)
         """

@@ -29,11 +29,13 @@ from dpverify.audits.steps import (
     train_through_contract,
     until_failure,
 )
-from dpverify.canaries.worlds import TwoWorlds
+from dpverify.canaries.worlds import RECORD_SCORES, TwoWorlds
 from dpverify.config import AuditConfig
 from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture, PrivacyClaim, TrainingRequest
 from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
+from dpverify.stats.curves import ClaimedRun
+from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, two_world_deficit
 from dpverify.stats.two_world import (
     TradeOffCurve,
     TwoWorldBound,
@@ -99,6 +101,7 @@ class TwoWorldResult:
     scores_d: tuple[float, ...] = ()
     scores_dprime: tuple[float, ...] = ()
     error: str | None = None
+    power: AuditPower | None = None
 
     @property
     def epsilon_lower_bound(self) -> float:
@@ -249,6 +252,7 @@ def run_two_world_audit(
     curves: list[TradeOffCurve | None] = []
     mus: list[float | None] = []
     converted: dict[tuple, tuple[float, str]] = {}
+    runs_claimed: list[ClaimedRun] = []
     try:
         for index, outcome in enumerate(outcomes):
             which = WORLDS[index % 2]
@@ -260,6 +264,7 @@ def run_two_world_audit(
                 converted[key] = claimed_epsilon(outcome, world.relation)
                 curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
                 mus.append(full_batch_gdp_mu(claim, world.relation))
+                runs_claimed.append(claimed_run(claim, world.relation))
             claims[which].add(converted[key][0])
             if (index + 1) % (2 * max(1, runs // 10)) == 0:
                 say(f"{(index + 1) // 2} of {runs} runs per world")
@@ -293,10 +298,26 @@ def run_two_world_audit(
     curve: TradeOffCurve | None = None
     if all(c is not None for c in curves):
         curve = curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
+
+    def refutes(d: np.ndarray, dprime: np.ndarray) -> bool:
+        bound = two_world_bound(d, dprime, delta=delta, confidence=confidence, claimed_curve=curve)
+        return bound.epsilon_lower_bound > claimed or bound.refutes
+
     bound = two_world_bound(scores["d"], scores["dprime"], delta=delta, confidence=confidence, claimed_curve=curve)
     violated = bound.epsilon_lower_bound > claimed or bound.refutes
     cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=confidence))
     verdict = "violation" if violated else "undecided" if cannot else "pass"
+    weakest = max(runs_claimed, key=gdp_mu)  # the claim the worlds' pair asserts least of
+    power = None if world.score not in RECORD_SCORES else measure_power(
+        weakest,
+        np.array(scores["d"] + scores["dprime"]),
+        np.repeat([-1, 1], [len(scores["d"]), len(scores["dprime"])]),
+        smallest_deficit=lambda fraction: two_world_deficit(
+            weakest, fraction=fraction, runs=runs, refutes=refutes, seed=seed
+        ),
+        either_direction=True,
+    )
+    verdict, power = judge(verdict, power)
     return TwoWorldResult(
         **common,
         claimed_epsilon=claimed,
@@ -310,6 +331,7 @@ def run_two_world_audit(
         seconds=time.perf_counter() - started,
         scores_d=tuple(scores["d"]),
         scores_dprime=tuple(scores["dprime"]),
+        power=power,
     )
 
 
@@ -374,5 +396,6 @@ def run_two_world_design(
         config=config.to_dict(),
         scores=scores,
         membership=membership,
+        power=outcome.power,
     )
 

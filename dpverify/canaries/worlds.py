@@ -19,6 +19,7 @@ from dpverify.contract import RELATIONS
 
 __all__ = [
     "SCORES",
+    "RECORD_SCORES",
     "WORLD_BUGS",
     "WORLD_KINDS",
     "TwoWorldConfig",
@@ -33,6 +34,10 @@ __all__ = [
 #: probes (grows with the size of the last update, noise included); ``target_log_prob``: the log-probability
 #: of ``target_class``, averaged over the probes (grows with the target record's pull).
 SCORES: tuple[str, ...] = ("output_spread", "target_log_prob")
+#: Scores that read the differing record's pull on the model, so that their separation between the worlds
+#: measures the claimed mechanism (and a noise deficit shows); ``output_spread`` reads the noise's scale,
+#: which a correct implementation keeps the same in both worlds.
+RECORD_SCORES: tuple[str, ...] = ("target_log_prob",)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -25,7 +25,19 @@ from dpverify.session import MUST_CATCH, AuditSession, audit_entry
 #: Marker keywords: audit settings except the session's own (seed, confidence), plus profile and audits.
 MARKER_KEYWORDS = tuple(name for name in OVERRIDABLE if name not in ("seed", "confidence")) + ("profile", "audits")
 #: Fields of a result that also travel as their own JUnit properties, for CI systems that read JUnit XML.
-JUNIT_FIELDS = ("implementation", "verdict", "claimed_epsilon", "epsilon_lower_bound", "curve_refuted", "confidence", "seed")
+JUNIT_FIELDS = (
+    "implementation",
+    "verdict",
+    "claimed_epsilon",
+    "epsilon_lower_bound",
+    "curve_epsilon_lower_bound",
+    "curve_p_value",
+    "curve_refuted",
+    "confidence",
+    "seed",
+)
+#: Fields of the result's power (:class:`dpverify.stats.power.AuditPower`) that travel as JUnit properties.
+JUNIT_POWER_FIELDS = ("signal_fraction", "smallest_deficit", "blind")
 
 
 class KnownIssueFound(UserWarning):
@@ -86,6 +98,8 @@ def execute_audit(
     result = run_audit(implementation, config, executor=session.executor_for_audits())
     record = audit_entry(result, implementation, nodeid=node.nodeid)
     node.user_properties.extend((f"dp_audit_{name}", record[name]) for name in JUNIT_FIELDS)
+    power = record["power"] or {}
+    node.user_properties.extend((f"dp_audit_{name}", power.get(name)) for name in JUNIT_POWER_FIELDS)
     # The planned count travels with the result: under xdist only the workers collect and count.
     node.user_properties.append((RESULT_PROPERTY, json.dumps({**record, "planned_audits": session.planned_audits})))
     if session.plots_dir:

@@ -23,6 +23,7 @@ __all__ = [
     "fdp_epsilon_lower_bound",
     "optimal_epsilon",
     "required_canaries",
+    "steinke_refutes",
 ]
 
 #: Largest number of canaries ``required_canaries`` will consider.
@@ -74,6 +75,16 @@ def epsilon_lower_bound(m, guesses, correct, *, delta, confidence=0.95):
     delta, level = _level(delta, confidence)
     m, r, v, shape = _counts(m, guesses, correct)
     return _shaped(_steinke_bound(m, r, v, delta, level), shape)
+
+
+def steinke_refutes(m, guesses, correct, *, epsilon: float, delta, confidence=0.95) -> np.ndarray:
+    """Per count, whether the counts refute "(``epsilon``, δ)-DP" at ``confidence``: the p-value of
+    :func:`epsilon_lower_bound`'s Theorem 1 at ε = ``epsilon`` is at most the level. The decision without
+    the search for ε_L (the p-value grows with ε, so this is ε_L ≥ ``epsilon``)."""
+    delta, level = _level(delta, confidence)
+    m, r, v, shape = _counts(m, guesses, correct)
+    refuted = _steinke_p_value(*(a.astype(float) for a in (m, r, v)), float(epsilon), delta) <= level
+    return bool(refuted[0]) if shape is None else refuted.reshape(shape)
 
 
 def optimal_epsilon(m, *, delta, confidence=0.95) -> float:
