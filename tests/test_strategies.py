@@ -67,8 +67,8 @@ def test_an_mlp_only_draw_keeps_its_hidden_widths(config):
 
 
 # Bounds where m > dimension is most of the box: the dependent draw must still keep orthogonal and Dirac
-# canaries within their dimension. Drawing and building canaries only (no training): 200 examples in ~1 s.
-@settings(max_examples=200, deadline=None, database=None)
+# canaries within their dimension. Drawing and building canaries only (no training): 100 examples in about a second.
+@settings(max_examples=100, deadline=None, database=None)
 @given(config=audit_configs(canaries=canary_configs(min_m=5, max_m=80, min_dimension=2, max_dimension=30), max_pooled_runs=3))
 def test_no_drawn_configuration_trips_a_dpverify_warning(config):
     import warnings
@@ -122,15 +122,16 @@ register_implementation(Memoriser(claimed_epsilon=1.0, info=ImplementationInfo(n
 
 HYPOTHESIS_TEST = """
 from hypothesis import given, settings
-from dpverify.strategies import audit_configs, audit_settings, canary_configs
+from dpverify.strategies import audit_configs, audit_settings, canary_configs, dp_hyperparameters
 
 CONFIGS = audit_configs(
     architectures=("softmax_regression",),
     designs=("inclusion",),
     canaries=canary_configs(min_m=300, max_m=400, min_dimension=400, max_dimension=400, modes=("dirac",)),
+    hyperparameters=dp_hyperparameters(sampling_rates=(1.0,), min_epochs=1, max_epochs=2),
 )
 
-@settings(audit_settings, max_examples=4)
+@settings(audit_settings, max_examples=4, database=None)  # no examples saved by earlier runs
 @given(config=CONFIGS)
 def test_leaky_keeps_its_claim(dp_audit, config):
     dp_audit("leaky", config)
