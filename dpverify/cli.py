@@ -110,6 +110,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--plots", metavar="DIR", help="write per-audit PNG plots (needs matplotlib)")
     audit.add_argument(
+        "--compare",
+        metavar="BASELINE.json",
+        help="compare the audits with a saved report (an earlier run's --report): baseline and now side by side, "
+        "and a flag where an audit's rate of correct guesses rose significantly (Fisher's exact test at the "
+        "run's level split over the compared audits)",
+    )
+    audit.add_argument("--compare-fail", action="store_true", help="exit 1 when --compare finds a significant rise")
+    audit.add_argument(
         "--executor",
         choices=EXECUTORS,
         default=None,
@@ -155,6 +163,8 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         value = getattr(args, option.lstrip("-"), None) if args.command == command else None
         if value is not None and not good(value):
             parser.error(f"{option} must be {allowed}, got {value:g}")
+    if args.command == "audit" and args.compare_fail and not args.compare:
+        parser.error("--compare-fail fails the run on a significant rise since a baseline; give the baseline with --compare")
     if args.command == "audit" and args.all and args.names:
         parser.error(f"--all audits every registered implementation; give names ({' '.join(args.names)}) or --all, not both")
 
@@ -299,6 +309,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     session.planned_audits = sum(audit.counted for audit in audits)
     plan = _plan(audits, args.profile, overrides, session)
     _refuse_undecidable(plan)
+    baseline = _baseline(args.compare)
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
@@ -332,11 +343,49 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         return INTERRUPTED
     finally:
         session.close()
+    comparison = _compare(session, baseline)
     _conclude(session, complete=True)
+    risen = _show_comparison(comparison)
     unexpected = [r for r in session.results if not outcome_as_expected(r)]
     for r in unexpected:
         print(f"unexpected: {r['implementation']} {r['verdict']}" + (f": {r['error']}" if r["error"] else ""))
-    return 1 if unexpected else 0
+    if risen and args.compare_fail:
+        print(f"{risen} significant rise(s) since the baseline: --compare-fail fails the run")
+    return 1 if unexpected or (risen and args.compare_fail) else 0
+
+
+def _baseline(path: str | None) -> dict[str, Any] | None:
+    """The ``--compare`` report, checked before any audit runs."""
+    if path is None:
+        return None
+    from dpverify.compare import BaselineError, load_baseline
+
+    try:
+        return load_baseline(path)
+    except BaselineError as exc:
+        raise ValueError(f"--compare: {exc}") from None
+
+
+def _compare(session: Any, baseline: dict[str, Any] | None) -> Any:
+    """The comparison with the baseline (kept in the session for the report), or ``None`` without one."""
+    if baseline is None:
+        return None
+    from dpverify.compare import compare_reports
+
+    comparison = compare_reports(baseline, session.results, confidence=session.confidence)
+    session.comparison = comparison.to_dict()
+    return comparison
+
+
+def _show_comparison(comparison: Any) -> int:
+    """Print the comparison after the table; how many audits rose significantly."""
+    if comparison is None:
+        return 0
+    from dpverify.session import to_ascii
+
+    text = "\n".join(["comparison with the baseline:", *comparison.lines()])
+    print(text if _can_show(sys.stdout, "ε→") else to_ascii(text))
+    return len(comparison.risen)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

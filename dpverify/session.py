@@ -71,6 +71,8 @@ class AuditSession:
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
     audits_started: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
+    #: The comparison with a baseline report (:meth:`dpverify.compare.Comparison.to_dict`), when one was made.
+    comparison: dict[str, Any] | None = None
     #: What the report says made it, and when the session started.
     command: str = field(default_factory=process_command)
     started_at: str = field(default_factory=utc_now)
@@ -152,6 +154,7 @@ class AuditSession:
             "seed": self.seed,
             "profile": self.profile,
             "audits": self.results,
+            **({"comparison": self.comparison} if self.comparison is not None else {}),
         }
 
     def write_report(self, *, complete: bool = True) -> Path | None:

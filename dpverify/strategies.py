@@ -2,8 +2,19 @@
 
 Every strategy takes keyword-only bounds (as ``hypothesis.extra.numpy`` does), validated at the door, so
 a test can say "orthogonal canaries, m between 200 and 1000, ε between 1 and 4". Each example is a full
-training run: use :data:`audit_settings` (no deadline, few examples, derandomized on CI) and declare the
-number of examples as the test's audit count (the plugin reads ``max_examples``).
+training run: use :data:`audit_settings` (no deadline, few examples, no shrinking, derandomized on CI)
+and the plugin counts ``max_examples`` as the test's audits. Draws never trip dpverify's own warnings
+(dependent draws keep orthogonal and Dirac canaries within their dimension). A drawn configuration goes
+to the ``dp_audit`` fixture as it is, and the session sets its seed and level::
+
+    from hypothesis import given
+    from dpverify.strategies import audit_configs, audit_settings, canary_configs
+
+    @audit_settings
+    @given(config=audit_configs(architectures=("softmax_regression",), canaries=canary_configs(max_m=500)))
+    def test_my_dpsgd_keeps_its_claim(dp_audit, config):
+        result = dp_audit("my-dpsgd", config)   # raises DPViolation when the claim is refuted
+        assert result.m == config.canaries.m
 """
 
 from __future__ import annotations
@@ -11,25 +22,43 @@ from __future__ import annotations
 import math
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from dpverify._validation import check_int, check_real
 from dpverify.canaries.synthetic import CANARY_MODES, CanaryConfig
-from dpverify.config import DESIGNS, SYNTHETIC_DESIGNS, AuditConfig, profile_config
+from dpverify.config import DATA_DESIGNS, DESIGNS, SYNTHETIC_DESIGNS, AuditConfig, profile_config
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
 from dpverify.canaries.worlds import WORLD_KINDS, TwoWorldConfig
 
-#: No deadline (an example trains a model), few examples, derandomized where ``CI`` is set.
+#: Every phase but shrinking (and explaining, which reruns the test around the shrunk example): each
+#: example is an audit, so a failing test costs its examples plus the one replay that reports the failing
+#: example (with ``@reproduce_failure``), not dozens of shrink steps.
+AUDIT_PHASES = tuple(phase for phase in Phase if phase not in (Phase.shrink, Phase.explain))
+
+#: No deadline (an example trains a model), few examples, no shrinking, derandomized where ``CI`` is set.
+#: Also the profile ``dp-audit``; a profile of your own can start from it:
+#: ``settings.register_profile("mine", parent=audit_settings, max_examples=10)``.
 audit_settings = settings(
     deadline=None,
     max_examples=3,
+    phases=AUDIT_PHASES,
     derandomize=bool(os.environ.get("CI")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
     print_blob=True,
 )
 settings.register_profile("dp-audit", audit_settings)
+
+#: The models :func:`audit_configs` draws: softmax regression (hidden width 0) and one-hidden-layer MLPs.
+ARCHITECTURES: tuple[str, ...] = ("softmax_regression", "mlp")
+#: Canary modes whose rows need a coordinate each (Dirac) or stay orthogonal only while m ≤ dimension.
+MODES_NEEDING_ROOM: tuple[str, ...] = ("orthogonal", "dirac")
+
+
+def _subset(name: str, chosen: tuple[str, ...], known: tuple[str, ...]) -> None:
+    if not chosen or set(chosen) - set(known):
+        raise ValueError(f"{name} must be a non-empty subset of {known}, got {chosen!r}")
 
 
 def _bounds(name: str, low: float, high: float) -> None:
@@ -49,7 +78,9 @@ def canary_configs(
     min_feature_scale: float = 3.0,
     max_feature_scale: float = 20.0,
 ) -> st.SearchStrategy[CanaryConfig]:
-    """Canary configurations within the given bounds (inclusive)."""
+    """Canary configurations within the given bounds (inclusive). Orthogonal and Dirac canaries need
+    dimension ≥ m (:data:`MODES_NEEDING_ROOM`): for them m is drawn up to ``max_dimension`` and the
+    dimension from m up, so no draw is discarded and none trips the orthogonal canaries' warning."""
     check_int("min_m", min_m, low=1)
     check_int("min_dimension", min_dimension, low=1)
     check_int("min_classes", min_classes, low=2)
@@ -61,28 +92,31 @@ def canary_configs(
         ("feature_scale", min_feature_scale, max_feature_scale),
     ):
         _bounds(name, low, high)
-    unknown = set(modes) - set(CANARY_MODES)
-    if not modes or unknown:
-        raise ValueError(f"modes must be a non-empty subset of {CANARY_MODES}, got {modes!r}")
-    return _canary_configs(
-        st.integers(min_m, max_m),
-        (min_dimension, max_dimension),
-        st.integers(min_classes, max_classes),
-        st.sampled_from(modes),
-        st.floats(min_feature_scale, max_feature_scale),
-    )
+    _subset("modes", modes, CANARY_MODES)
+    cramped = [mode for mode in modes if mode in MODES_NEEDING_ROOM]
+    if cramped and min_m > max_dimension:
+        raise ValueError(
+            f"{' and '.join(cramped)} canaries need dimension >= m, got min_m={min_m} > max_dimension={max_dimension}; "
+            f"raise max_dimension to at least {min_m} or leave {' and '.join(cramped)} out of modes"
+        )
 
+    @st.composite
+    def build(draw) -> CanaryConfig:
+        mode = draw(st.sampled_from(modes))
+        if mode in MODES_NEEDING_ROOM:
+            m = draw(st.integers(min_m, min(max_m, max_dimension)))
+            dimension = draw(st.integers(max(min_dimension, m), max_dimension))
+        else:
+            m, dimension = draw(st.integers(min_m, max_m)), draw(st.integers(min_dimension, max_dimension))
+        return CanaryConfig(
+            m=m,
+            dimension=dimension,
+            num_classes=draw(st.integers(min_classes, max_classes)),
+            mode=mode,
+            feature_scale=draw(st.floats(min_feature_scale, max_feature_scale)),
+        )
 
-@st.composite
-def _canary_configs(draw, m, dimensions, num_classes, mode, feature_scale) -> CanaryConfig:
-    """A Dirac canary owns a coordinate: its dimension is drawn from the bounds, but at least m."""
-    m, mode = draw(m), draw(mode)
-    low, high = dimensions
-    if mode == "dirac":
-        low, high = max(low, m), max(high, m)
-    return CanaryConfig(
-        m=m, dimension=draw(st.integers(low, high)), num_classes=draw(num_classes), mode=mode, feature_scale=draw(feature_scale)
-    )
+    return build()
 
 
 def dp_hyperparameters(
@@ -148,9 +182,7 @@ def data_audit_configs(
     check_int("max_tags_per_record", max_tags_per_record, low=1)
     _bounds("m", min_m, max_m)
     _bounds("tags", min_tags, max_tags)
-    unknown = set(trigger_modes) - set(CANARY_MODES)
-    if not trigger_modes or unknown:
-        raise ValueError(f"trigger_modes must be a non-empty subset of {CANARY_MODES}, got {trigger_modes!r}")
+    _subset("trigger_modes", trigger_modes, CANARY_MODES)
 
     @st.composite
     def build(draw) -> DataAuditConfig:
@@ -183,9 +215,7 @@ def two_world_configs(
     check_int("min_outputs", min_outputs, low=2)
     _bounds("runs", min_runs, max_runs)
     _bounds("outputs", min_outputs, max_outputs)
-    unknown = set(worlds) - set(WORLD_KINDS)
-    if not worlds or unknown:
-        raise ValueError(f"worlds must be a non-empty subset of {WORLD_KINDS}, got {worlds!r}")
+    _subset("worlds", worlds, WORLD_KINDS)
     if max_records < 2 and "microbatch" in worlds:  # the microbatch world cuts D into pairs
         if worlds == ("microbatch",):
             raise ValueError(f"the microbatch world needs max_records >= 2, got {max_records}")
@@ -210,6 +240,7 @@ def audit_configs(
     profile: str = "quick",
     canaries: st.SearchStrategy[CanaryConfig] | None = None,
     hyperparameters: st.SearchStrategy[DPHyperparameters] | None = None,
+    architectures: tuple[str, ...] = ARCHITECTURES,
     min_hidden_width: int = 100,
     max_hidden_width: int = 1000,
     max_pooled_runs: int = 2,
@@ -219,18 +250,31 @@ def audit_configs(
 ) -> st.SearchStrategy[AuditConfig]:
     """Whole audit configurations: the profile's guess rule, generated canaries, model and training, for
     the data-dependent designs (``multitask``, ``in_distribution``, ``mislabeled``) the ``data`` part, and
-    for ``two_world`` the ``worlds`` part. The synthetic designs draw softmax regression (hidden width 0)
-    as well as MLPs, and pool 1 to ``max_pooled_runs`` runs; the data designs need an MLP."""
+    for ``two_world`` the ``worlds`` part. The synthetic designs pool 1 to ``max_pooled_runs`` runs.
+
+    ``architectures`` (from :data:`ARCHITECTURES`) are the models drawn: ``softmax_regression`` (hidden
+    width 0), ``mlp`` (a hidden width in [``min_hidden_width``, ``max_hidden_width``]); a trainer that
+    does only softmax regression passes ``architectures=("softmax_regression",)``. The data designs
+    train an MLP whatever is allowed here, so they need ``mlp``.
+
+    Pass a drawn configuration to the fixture as it is, ``dp_audit("my-dpsgd", config)``: the session
+    sets its seed and level (see the module's example)."""
     check_int("min_hidden_width", min_hidden_width, low=1)
     check_int("max_pooled_runs", max_pooled_runs, low=1)
     _bounds("hidden_width", min_hidden_width, max_hidden_width)
-    unknown = set(designs) - set(DESIGNS)
-    if not designs or unknown:
-        raise ValueError(f"designs must be a non-empty subset of {DESIGNS}, got {designs!r}")
+    _subset("designs", designs, DESIGNS)
+    _subset("architectures", architectures, ARCHITECTURES)
+    needing_mlp = [design for design in designs if design in DATA_DESIGNS]
+    if needing_mlp and "mlp" not in architectures:
+        raise ValueError(
+            f"the {', '.join(needing_mlp)} design(s) train an MLP, got architectures={architectures!r}; "
+            "add 'mlp' to architectures or leave those designs out"
+        )
     return _audit_configs(
         profile_config(profile).guess_rule,
         canaries if canaries is not None else canary_configs(),
         hyperparameters if hyperparameters is not None else dp_hyperparameters(),
+        architectures,
         st.integers(min_hidden_width, max_hidden_width),
         max_pooled_runs,
         st.sampled_from(designs),
@@ -240,10 +284,13 @@ def audit_configs(
 
 
 @st.composite
-def _audit_configs(draw, guess_rule, canaries, hyperparameters, hidden_widths, max_pooled_runs, design, data, worlds) -> AuditConfig:
+def _audit_configs(
+    draw, guess_rule, canaries, hyperparameters, architectures, hidden_widths, max_pooled_runs, design, data, worlds
+) -> AuditConfig:
     design, canaries = draw(design), draw(canaries)
     synthetic = design in SYNTHETIC_DESIGNS
-    hidden_width = draw(st.one_of(st.just(0), hidden_widths) if synthetic else hidden_widths)
+    allowed = ("mlp",) if design in DATA_DESIGNS else architectures
+    hidden_width = 0 if draw(st.sampled_from(allowed)) == "softmax_regression" else draw(hidden_widths)
     return AuditConfig(
         canaries=canaries,
         architecture=MLPArchitecture(hidden_width=hidden_width),

@@ -52,3 +52,102 @@ def test_two_world_configs_are_valid_and_within_bounds(config):
 def test_bad_bounds_are_rejected_at_the_door(factory, kwargs, message):
     with pytest.raises(ValueError, match=message):
         factory(**kwargs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(config=audit_configs(architectures=("softmax_regression",), designs=("inclusion", "pair", "two_world")))
+def test_a_softmax_only_trainer_gets_only_softmax_regression(config):
+    assert config.architecture.is_softmax_regression
+
+
+@settings(max_examples=30, deadline=None)
+@given(config=audit_configs(architectures=("mlp",), min_hidden_width=5, max_hidden_width=9))
+def test_an_mlp_only_draw_keeps_its_hidden_widths(config):
+    assert 5 <= config.architecture.hidden_width <= 9
+
+
+# Bounds where m > dimension is most of the box: the dependent draw must still keep orthogonal and Dirac
+# canaries within their dimension. Drawing and building canaries only (no training): 100 examples in about a second.
+@settings(max_examples=100, deadline=None, database=None)
+@given(config=audit_configs(canaries=canary_configs(min_m=5, max_m=80, min_dimension=2, max_dimension=30), max_pooled_runs=3))
+def test_no_drawn_configuration_trips_a_dpverify_warning(config):
+    import warnings
+
+    import numpy as np
+
+    from dpverify.canaries.synthetic import make_canaries
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_canaries(config.canaries, rng=np.random.default_rng(0))
+
+
+def test_every_mode_is_still_drawn_with_room_to_spare():
+    from hypothesis import find
+
+    strategy = canary_configs(min_m=5, max_m=80, min_dimension=2, max_dimension=30)
+    for mode in ("orthogonal", "dirac"):
+        drawn = find(strategy, lambda c, mode=mode: c.mode == mode, settings=settings(database=None))
+        assert drawn.m <= drawn.dimension <= 30
+    assert find(strategy, lambda c: c.m > 30, settings=settings(database=None)).mode == "gaussian"
+
+
+def test_audit_settings_skip_shrinking_and_stay_a_profile_a_user_can_extend():
+    from hypothesis import Phase
+
+    from dpverify.strategies import audit_settings
+
+    assert Phase.shrink not in audit_settings.phases and Phase.generate in audit_settings.phases
+    assert settings.get_profile("dp-audit").phases == audit_settings.phases
+    settings.register_profile("my-audits", parent=settings.get_profile("dp-audit"), max_examples=5)
+    mine = settings.get_profile("my-audits")
+    assert mine.max_examples == 5 and mine.phases == audit_settings.phases and mine.deadline is None
+    previous = settings._current_profile
+    settings.load_profile("my-audits")
+    try:
+        assert settings.default.max_examples == 5 and Phase.shrink not in settings.default.phases
+    finally:
+        settings.load_profile(previous)
+
+
+HYPOTHESIS_PROJECT = f"""
+import sys
+sys.path.insert(0, {str(__import__('pathlib').Path(__file__).resolve().parents[1])!r})
+from dpverify.contract import ImplementationInfo
+from dpverify.registry import register_implementation
+from tests.doubles import Memoriser
+
+register_implementation(Memoriser(claimed_epsilon=1.0, info=ImplementationInfo(name="leaky", library="numpy")))
+"""
+
+HYPOTHESIS_TEST = """
+from hypothesis import given, settings
+from dpverify.strategies import audit_configs, audit_settings, canary_configs, dp_hyperparameters
+
+CONFIGS = audit_configs(
+    architectures=("softmax_regression",),
+    designs=("inclusion",),
+    canaries=canary_configs(min_m=300, max_m=400, min_dimension=400, max_dimension=400, modes=("dirac",)),
+    hyperparameters=dp_hyperparameters(sampling_rates=(1.0,), min_epochs=1, max_epochs=2),
+)
+
+@settings(audit_settings, max_examples=4, database=None)  # no examples saved by earlier runs
+@given(config=CONFIGS)
+def test_leaky_keeps_its_claim(dp_audit, config):
+    dp_audit("leaky", config)
+"""
+
+
+def test_a_failing_audit_test_costs_one_replay_not_a_shrink_and_reports_how_to_reproduce(pytester):
+    import json
+
+    pytester.makeconftest(HYPOTHESIS_PROJECT)
+    pytester.makepyfile(test_leaky=HYPOTHESIS_TEST)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--dp-audit", "--dp-audit-seed=3", "--dp-audit-implementations=none", f"--dp-audit-report={report}"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*Failing test case: test_leaky_keeps_its_claim(*", "*@reproduce_failure(*"])
+    # The first example fails; Hypothesis replays it once to report it. Shrinking would have run dozens.
+    assert len(json.loads(report.read_text())["audits"]) == 2

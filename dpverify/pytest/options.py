@@ -224,6 +224,17 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("report", str, None, "write a JSON report of every audit to PATH (rewritten after each audit)", "PATH", shown_default="none"),
     Setting("plots", str, None, "write per-audit PNG plots to DIR (needs matplotlib)", "DIR", shown_default="none"),
+    Setting(
+        "compare",
+        str,
+        None,
+        "compare this run's audits with a saved JSON report (an earlier --dp-audit-report): baseline and now "
+        "side by side, and a flag where an audit's rate of correct guesses rose significantly (Fisher's exact "
+        "test at the session's level split over the compared audits)",
+        "BASELINE.json",
+        shown_default="none",
+    ),
+    Setting("compare-fail", _flag, False, "fail the session when --dp-audit-compare finds a significant rise", switch=True),
 )
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
 

@@ -19,6 +19,10 @@ from dpverify.pytest.stash import PLANNED_KEY, RESULT_PROPERTY, SESSION_KEY
 from dpverify.execution import ExecutorSpec
 from dpverify.session import AuditSession, outcome_as_expected
 
+#: The ``--dp-audit-compare`` baseline report (checked at start), and the comparison made at the end.
+BASELINE_KEY = pytest.StashKey["dict[str, Any] | None"]()
+COMPARISON_KEY = pytest.StashKey[Any]()
+
 MARKER_HELP = (
     "dp_audit(**settings): settings for the audits this test runs through the dp_audit fixture "
     "(epsilon, delta, design, m, dimension, num_classes, hidden_width, epochs, ..., profile), and "
@@ -35,9 +39,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "dp_audit_two_world: a ready-made two-world (many-run) audit")
     try:
         session = _session(config)
+        baseline = _baseline(config, session)
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
+    config.stash[BASELINE_KEY] = baseline
     config.pluginmanager.register(ResultGatherer(session), "dpverify-results")
 
 
@@ -71,6 +77,35 @@ def _session(config: pytest.Config) -> AuditSession:
         for path, what in ((session.report_path, "--dp-audit-report"), (session.plots_dir, "--dp-audit-plots")):
             _check_writable(path, what, directory=what == "--dp-audit-plots")
     return session
+
+
+def _baseline(config: pytest.Config, session: AuditSession) -> dict[str, Any] | None:
+    """The ``--dp-audit-compare`` report, checked at start (the xdist controller compares; workers need none)."""
+    path = options.resolve(config, "compare")
+    if not path or not session.enabled or hasattr(config, "workerinput"):
+        return None
+    from dpverify.compare import BaselineError, load_baseline
+
+    try:
+        return load_baseline(path)
+    except BaselineError as exc:
+        raise options.OptionError(f"--dp-audit-compare: {exc}") from None
+
+
+def _compare(session: pytest.Session) -> None:
+    """Compare the gathered results with the baseline, for the report and the summary; a significant rise
+    fails the session under ``--dp-audit-compare-fail``."""
+    baseline = session.config.stash[BASELINE_KEY]
+    if baseline is None:
+        return
+    from dpverify.compare import compare_reports
+
+    audit_session = session.config.stash[SESSION_KEY]
+    comparison = compare_reports(baseline, audit_session.results, confidence=audit_session.confidence)
+    session.config.stash[COMPARISON_KEY] = comparison
+    audit_session.comparison = comparison.to_dict()
+    if comparison.risen and options.resolve(session.config, "compare-fail") and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -314,6 +349,7 @@ def dp_implementation(request: pytest.FixtureRequest) -> Any:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     audit_session = session.config.stash[SESSION_KEY]
     if audit_session.enabled and not hasattr(session.config, "workerinput"):
+        _compare(session)
         audit_session.write_report()
 
 
@@ -329,3 +365,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"{len(unexpected)} outcome(s) other than expected (marked '!').")
     if session.report_path:
         terminalreporter.write_line(f"dp-audit JSON report: {session.report_path}")
+    comparison = config.stash.get(COMPARISON_KEY, None)
+    if comparison is not None:
+        terminalreporter.write_sep("=", "dp-audit comparison with the baseline")
+        for line in comparison.lines():
+            terminalreporter.write_line(line)
+        if comparison.risen and options.resolve(config, "compare-fail"):
+            terminalreporter.write_line(f"{len(comparison.risen)} significant rise(s): --dp-audit-compare-fail fails the session.")
