@@ -258,10 +258,10 @@ def measure_power(
     either_direction: bool = False,
 ) -> AuditPower:
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
-    :func:`separation`, k* = ``smallest_deficit(ρ)``, and why a pass could not see (``blind``), on evidence
-    only: the scores do not separate at all; ρ's interval lies below ``expected_signal`` (what the design
-    carries in a correct implementation; ``None``: not known for this design); or even the interval's upper
-    end would catch no deficit up to :data:`LARGEST_DEFICIT`. ``either_direction``: the test reads the
+    :func:`separation`, k* = ``smallest_deficit(ρ)``, and why a pass could not see (``blind``): the scores
+    do not separate at all; ρ's whole interval lies below ``expected_signal`` (what the design carries in a
+    correct implementation; ``None``: not known for this design); or it would catch no deficit up to
+    :data:`LARGEST_DEFICIT`. ``either_direction``: the test reads the
     scores either way up (a two-world threshold picks its direction), so ρ is the separation's size."""
     mu = gdp_mu(run)
     measured = separation(scores, membership)
@@ -278,7 +278,7 @@ def measure_power(
             "the model is likely not the designated one (a zero-initialised softmax regression when "
             "hidden_width = 0), or training ignored the canaries"
         )
-    elif math.isinf(deficit) and math.isinf(smallest_deficit(high)):
+    elif math.isinf(deficit):
         blind = f"it could not have caught even a {LARGEST_DEFICIT:g}× noise deficit: {carried}"
     else:
         blind = None
