@@ -115,7 +115,7 @@ class Broken(Implementation):
 @dataclass
 class NumpyDPSGD(Implementation):
     """DP-SGD in numpy on the designated model: Poisson batches, per-record clipping, Gaussian noise σ·C,
-    the designated normaliser, plain SGD; softmax regression from zero weights, or a ReLU MLP from a
+    the designated normaliser, plain SGD, each step reported to ``request.progress``; softmax regression from zero weights, or a ReLU MLP from a
     seeded uniform ±1/√fan-in init (torch's default). Its claim is the full-batch Gaussian mechanism's ε of
     the steps (:func:`claim_for`'s accountant, valid for any q), at the requested or calibrated σ.
 
@@ -138,7 +138,7 @@ class NumpyDPSGD(Implementation):
         params = _initial_parameters(width, request.dimension, request.num_classes, rng)
         features = request.features.astype(np.float64)
         onehot = np.eye(request.num_classes)[request.labels]
-        for _ in range(hp.steps):
+        for step in range(1, hp.steps + 1):
             batch = np.flatnonzero(rng.random(request.num_records) < hp.sampling_rate)
             grads = _per_record_gradients(params, features[batch], onehot[batch])
             norms = np.sqrt(sum((g.reshape(len(batch), -1) ** 2).sum(axis=1) for g in grads))
@@ -146,6 +146,8 @@ class NumpyDPSGD(Implementation):
             for p, g in zip(params, grads):
                 noisy = np.tensordot(factors, g, axes=1) + rng.normal(0.0, sigma * hp.max_grad_norm, p.shape)
                 p -= hp.learning_rate * noisy / hp.normaliser(request.num_records)
+            if request.progress is not None:
+                request.progress(step, hp.steps)
         epsilon = ClaimedRun(noise_multiplier=sigma, steps=hp.steps).epsilon(hp.delta)
         claim = PrivacyClaim(
             epsilon=epsilon,

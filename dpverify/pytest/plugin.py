@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "dp_audit_two_world: a ready-made two-world (many-run) audit")
     try:
         session = _session(config)
+        options.resolve(config, "progress")  # checked here; each audit reads it (dpverify.pytest.progress)
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
