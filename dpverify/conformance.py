@@ -314,7 +314,8 @@ def check_softmax_regression(
     every update of W is a sum of rows (p − y) xᵀ, so a coordinate that no record touches keeps its
     weights at exactly zero (for SGD, momentum and per-coordinate optimisers like Adam alike), and an
     input along it answers as input 0 does; a random initialisation (or an MLP) answers otherwise. Both
-    allow float32 rounding only, see :func:`_roundoff`."""
+    allow float32 rounding only, see :func:`_roundoff`: run them on the CPU (the requests' default), not
+    on a GPU that multiplies in TF32's 10-bit mantissa."""
     name = _name(impl)
     if not request.architecture.is_softmax_regression or request.hyperparameters.noise_multiplier != 0:
         raise ValueError(f"check_softmax_regression needs a softmax_regression_request(...) (checking {name})")
