@@ -7,16 +7,15 @@ import codecs
 import json
 import os
 import shlex
-import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from dpverify import __version__
 from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES
 from dpverify.execution import EXECUTORS, ExecutorSpec
+from dpverify.progress import ProgressLine, StreamDisplay
 
 #: The target ε when neither ``--epsilon`` nor ``--set noise_multiplier=`` is given.
 DEFAULT_EPSILON = 2.0
@@ -320,7 +319,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             if reason:
                 print(f"{label}: skipped: {reason}", file=sys.stderr)
                 continue
-            progress = ProgressLine(sys.stderr, label)
+            progress = ProgressLine(label, StreamDisplay(sys.stderr))
             result = run_audit(
                 implementation, config, progress=progress.stage, step_progress=progress.step, executor=session.executor_for_audits()
             )
@@ -521,60 +520,6 @@ def _conclude(session: Any, *, complete: bool) -> None:
     path = session.write_report(complete=complete)
     if path is not None:
         print(f"JSON report: {path}" + ("" if complete else " (incomplete: interrupted)"))
-
-
-class ProgressLine:
-    """The running audit's stage and DP steps on ``stream``: one line redrawn in place on a terminal
-    (``\\r``, at most ten times a second), plain lines elsewhere, so a CI log gets a line per stage and
-    per tenth of the steps instead of thousands of redraws."""
-
-    BAR_WIDTH = 20
-
-    def __init__(self, stream: TextIO, label: str) -> None:
-        self.stream, self.label = stream, label
-        self.in_place = stream.isatty()
-        self.started = time.perf_counter()
-        self.stage_text = "starting"
-        self.last_shown = -1.0  # on a terminal: when the line was last drawn; elsewhere: the tenth last shown
-        self.drawn = 0
-
-    def stage(self, message: str) -> None:
-        self.stage_text, self.last_shown = message, -1.0
-        self._show(self._line(message))
-
-    def step(self, step: int, steps: int) -> None:
-        done = step / steps
-        if self.in_place:
-            now = time.perf_counter()
-            if step < steps and now - self.last_shown < 0.1:
-                return
-            self.last_shown = now
-        else:
-            tenth = float(int(10 * done))
-            if tenth <= self.last_shown or tenth == 0:
-                return
-            self.last_shown = tenth
-        filled = round(self.BAR_WIDTH * done)
-        self._show(self._line(f"{self.stage_text} [{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}] step {step}/{steps}"))
-
-    def finish(self, outcome: str) -> None:
-        """The audit's last line, which stays."""
-        self._show(self._line(outcome))
-        if self.in_place:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _line(self, text: str) -> str:
-        return f"{self.label} {time.perf_counter() - self.started:6.1f}s {text}"
-
-    def _show(self, line: str) -> None:
-        if not self.in_place:
-            print(line, file=self.stream, flush=True)
-            return
-        line = line[: shutil.get_terminal_size().columns - 1]
-        self.stream.write("\r" + line.ljust(self.drawn))
-        self.stream.flush()
-        self.drawn = len(line)
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, object]:

@@ -11,6 +11,11 @@ about the requested run, a target ε missed, seeds that do not decide the run)::
 Every check raises ``AssertionError`` with a message that names the implementation. Each ``check_*``
 takes an optional ``trained`` model so a test suite can train once and check several things; the model
 is returned so it can be reused.
+
+The model checks (:func:`check_softmax_regression`, :func:`check_hidden_layer`) see only the black box,
+as the audit does: a trainer that builds its own model instead of the designated one makes a Dirac
+audit blind to the bugs it exists to catch, so a pass must not hide it. A trainer that trains softmax
+regression only runs ``run_conformance(impl, architectures=[MLPArchitecture(hidden_width=0)])``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import dataclasses
 import math
 
 import numpy as np
+
+from typing import Sequence
 
 from dpverify.contract import (
     RELATIONS,
@@ -37,11 +44,20 @@ __all__ = [
     "check_determinism",
     "check_calibration",
     "with_target_epsilon",
+    "softmax_regression_request",
+    "check_softmax_regression",
+    "check_hidden_layer",
     "run_conformance",
 ]
 
 #: |logsumexp(row)| allowed for a row of log-probabilities (float32 log-softmax is good to ~1e-6).
 LOGSUMEXP_ATOL = 1e-4
+#: float32's machine epsilon (2^-23): the model checks allow float32 arithmetic's rounding, no more.
+FLOAT32_EPS = float(np.finfo(np.float32).eps)
+#: Input coordinates that no training record of :func:`softmax_regression_request` touches.
+UNTOUCHED_COORDINATES = 2
+#: Probe pairs (x, y) of the affinity test: each pair is four points, each a row of one batch.
+PROBE_PAIRS = 8
 
 
 def small_request(
@@ -264,12 +280,140 @@ def with_target_epsilon(request: TrainingRequest, target_epsilon: float) -> Trai
     return dataclasses.replace(request, hyperparameters=hp)
 
 
+def softmax_regression_request(request: TrainingRequest) -> TrainingRequest:
+    """``request``'s twin for :func:`check_softmax_regression`: softmax regression (hidden width 0, no
+    tags), trained without noise (σ = 0) on its records with the last :data:`UNTOUCHED_COORDINATES`
+    coordinates set to zero, so no record touches them."""
+    if request.dimension <= UNTOUCHED_COORDINATES:
+        raise ValueError(
+            f"the softmax-regression check needs dimension > {UNTOUCHED_COORDINATES}, got {request.dimension}"
+        )
+    features = request.features.copy()
+    features[:, -UNTOUCHED_COORDINATES:] = 0.0
+    hp = dataclasses.replace(request.hyperparameters, noise_multiplier=0.0, target_epsilon=None)
+    return dataclasses.replace(
+        request,
+        features=features,
+        architecture=MLPArchitecture(hidden_width=0),
+        hyperparameters=hp,
+        tags=None,
+        num_tags=0,
+    )
+
+
+def check_softmax_regression(
+    impl: Implementation, request: TrainingRequest, trained: TrainedModel | None = None
+) -> TrainedModel:
+    """``hidden_width=0`` trains the designated model, a softmax regression whose weights start at zero,
+    as its black box shows. ``request`` is a :func:`softmax_regression_request`.
+
+    Two exact properties of that model, whatever the data: (1) the class differences of the
+    log-probabilities, g(x) = log p(x)[1:] − log p(x)[0] = (W[1:] − W[0]) x + b[1:] − b[0], are affine in
+    x, so on random probes x, y the defect g(x + y) − g(x) − g(y) + g(0) is zero; a hidden layer with a
+    nonlinearity makes it of the order of the outputs. (2) Trained without noise from zero weights,
+    every update of W is a sum of rows (p − y) xᵀ, so a coordinate that no record touches keeps its
+    weights at exactly zero (for SGD, momentum and per-coordinate optimisers like Adam alike), and an
+    input along it answers as input 0 does; a random initialisation (or an MLP) answers otherwise. Both
+    allow float32 rounding only, see :func:`_roundoff`: run them on the CPU (the requests' default), not
+    on a GPU that multiplies in TF32's 10-bit mantissa."""
+    name = _name(impl)
+    if not request.architecture.is_softmax_regression or request.hyperparameters.noise_multiplier != 0:
+        raise ValueError(f"check_softmax_regression needs a softmax_regression_request(...) (checking {name})")
+    untouched = np.flatnonzero(~request.features.any(axis=0))
+    if not untouched.size:
+        raise ValueError(f"check_softmax_regression needs a coordinate no record touches (checking {name})")
+    trained = trained if trained is not None else _train(impl, request)
+    defect, tolerance = _affinity_defect(impl, trained, request)
+    assert defect <= tolerance, (
+        f"{name}: the model is not a zero-initialised softmax regression: responses are not affine in the input "
+        f"(defect {defect:.3g}, float32 rounding allows {tolerance:.3g}) — does the trainer build its own model "
+        "instead of the requested architecture (hidden_width=0)?"
+    )
+    radius = _typical_norm(request)
+    probes = np.zeros((1 + 2 * untouched.size, request.dimension), dtype=np.float32)
+    for row, coordinate in enumerate(untouched):
+        probes[1 + 2 * row, coordinate], probes[2 + 2 * row, coordinate] = radius, -radius
+    out = _log_proba(impl, trained, probes).astype(np.float64)
+    moved = np.abs(out[1:] - out[0]).max(axis=1)
+    tolerance = _roundoff(request.dimension, out)
+    worst = int(np.argmax(moved))
+    assert moved[worst] <= tolerance, (
+        f"{name}: the model is not a zero-initialised softmax regression: input coordinate "
+        f"{untouched[worst // 2]}, which no training record touches, moves the log-probabilities by "
+        f"{moved[worst]:.3g} (float32 rounding allows {tolerance:.3g}) after training without noise — does "
+        "the trainer initialise the weights randomly, or build its own model instead of the requested "
+        "architecture (hidden_width=0)?"
+    )
+    return trained
+
+
+def check_hidden_layer(impl: Implementation, request: TrainingRequest, trained: TrainedModel | None = None) -> TrainedModel:
+    """``hidden_width=h >= 1`` trains a model with hidden units: its responses are not affine in the input
+    (the defect of :func:`check_softmax_regression` exceeds float32 rounding). A ReLU layer of h units
+    between random probes bends the response by the order of the outputs; only a model without a
+    nonlinearity, or with every unit dead on every probe, passes for affine."""
+    name = _name(impl)
+    width = request.architecture.hidden_width
+    if width == 0:
+        raise ValueError(f"check_hidden_layer needs a request with hidden_width >= 1 (checking {name})")
+    trained = trained if trained is not None else _train(impl, request)
+    defect, tolerance = _affinity_defect(impl, trained, request)
+    assert defect > tolerance, (
+        f"{name}: hidden_width={width} was requested but the responses are affine in the input (defect "
+        f"{defect:.3g}, within float32 rounding {tolerance:.3g}): the model has no working hidden units — does "
+        "the trainer build softmax regression (or a network without a nonlinearity) instead of the requested MLP?"
+    )
+    return trained
+
+
+def _typical_norm(request: TrainingRequest) -> float:
+    """The median norm of the request's records (1 if they are all zero): the probes' scale."""
+    norm = float(np.median(np.linalg.norm(request.features, axis=1)))
+    return norm if norm > 0 else 1.0
+
+
+def _roundoff(dimension: int, log_probs: np.ndarray) -> float:
+    """What float32 arithmetic may change in a combination of eight class-difference log-probabilities.
+
+    Each log-probability carries at most about (d + 8) roundings of size ε₃₂·S, S = 1 + max |log p|: a
+    float32 dot product of d terms for its logit (Higham's γ_d), the bias, the probe's own sum x + y
+    and the log-softmax. The defect sums eight of them (four points, two classes each); a further
+    factor 8 covers cancellation inside the dot products, which the black box cannot show."""
+    scale = 1.0 + float(np.max(np.abs(log_probs)))
+    return 64.0 * (dimension + 8) * FLOAT32_EPS * scale
+
+
+def _affinity_defect(impl: Implementation, trained: TrainedModel, request: TrainingRequest) -> tuple[float, float]:
+    """max |g(x + y) − g(x) − g(y) + g(0)| over :data:`PROBE_PAIRS` Gaussian pairs of the records' typical
+    norm (g: class differences of log p, see :func:`check_softmax_regression`), and its float32 allowance."""
+    rng = np.random.default_rng(2024)
+    x, y = rng.standard_normal((2, PROBE_PAIRS, request.dimension))
+    x *= _typical_norm(request) / np.linalg.norm(x, axis=-1, keepdims=True)
+    y *= _typical_norm(request) / np.linalg.norm(y, axis=-1, keepdims=True)
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    probes = np.concatenate([np.zeros((1, request.dimension), np.float32), x, y, x + y])
+    out = _log_proba(impl, trained, probes).astype(np.float64)
+    g = out[:, 1:] - out[:, :1]
+    g_zero, g_x, g_y, g_sum = g[0], g[1 : 1 + PROBE_PAIRS], g[1 + PROBE_PAIRS : 1 + 2 * PROBE_PAIRS], g[1 + 2 * PROBE_PAIRS :]
+    defect = float(np.max(np.abs(g_sum - g_x - g_y + g_zero)))
+    return defect, _roundoff(request.dimension, out)
+
+
 def run_conformance(
-    impl: Implementation, *, request: TrainingRequest | None = None, target_epsilon: float = 1.0
+    impl: Implementation,
+    *,
+    request: TrainingRequest | None = None,
+    target_epsilon: float = 1.0,
+    architectures: Sequence[MLPArchitecture] | None = None,
 ) -> None:
-    """All checks on ``request`` (default :func:`small_request`), on its target-ε twin
-    (:func:`with_target_epsilon`), and the output contract on its softmax-regression twin (hidden width
-    0, the model of the default profiles). The checks speak the classification contract; a language-model
+    """All checks on ``request`` (default :func:`small_request`) with the first of ``architectures``, on its
+    target-ε twin (:func:`with_target_epsilon`), and on every architecture the output contract and the
+    model check (:func:`check_softmax_regression` on the :func:`softmax_regression_request` twin,
+    :func:`check_hidden_layer` for an MLP).
+
+    ``architectures`` are the models the implementation trains: by default the request's MLP and softmax
+    regression (the model of the default profiles); a trainer that only trains softmax regression gives
+    ``[MLPArchitecture(hidden_width=0)]``. The checks speak the classification contract; a language-model
     implementation (``info.task == "language"``) is refused with a ``ValueError``."""
     if impl.info.task != "classification":
         raise ValueError(
@@ -277,6 +421,12 @@ def run_conformance(
             "contract (TrainingRequest -> TrainedModel) only"
         )
     request = request if request is not None else small_request()
+    if architectures is None:
+        architectures = (request.architecture, MLPArchitecture(hidden_width=0))
+    architectures = tuple(dict.fromkeys(architectures))  # the default's two are one for a softmax request
+    if not architectures or not all(isinstance(a, MLPArchitecture) for a in architectures):
+        raise ValueError(f"architectures must be one or more MLPArchitecture, got {architectures!r}")
+    request = dataclasses.replace(request, architecture=architectures[0])
     trained = check_output_contract(impl, request)
     check_claim_matches_request(impl, request, trained)
     check_determinism(impl, request, trained)
@@ -284,4 +434,12 @@ def run_conformance(
     calibrated = check_calibration(impl, calibrated_request)
     check_output_contract(impl, calibrated_request, calibrated)
     check_claim_matches_request(impl, calibrated_request, calibrated)
-    check_output_contract(impl, dataclasses.replace(request, architecture=MLPArchitecture(hidden_width=0)))
+    for architecture in architectures:
+        if architecture.is_softmax_regression:
+            softmax = softmax_regression_request(request)
+            check_softmax_regression(impl, softmax, check_output_contract(impl, softmax))
+        elif architecture == request.architecture:
+            check_hidden_layer(impl, request, trained)
+        else:
+            twin = dataclasses.replace(request, architecture=architecture)
+            check_hidden_layer(impl, twin, check_output_contract(impl, twin))

@@ -2,6 +2,8 @@
 
 ``Memoriser`` is the least private trainer possible: it returns near-certain log-probabilities for the
 labels it was given. ``Oblivious`` never looks at its data, so it is perfectly private whatever it claims.
+``NumpyDPSGD`` is a small, correct DP-SGD of the designated model for the conformance suite, with the
+switches that make it a trainer of its own model or of softmax regression only.
 """
 
 from __future__ import annotations
@@ -140,3 +142,83 @@ class GaussianMechanism(Implementation):
             return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
 
         return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")
+
+
+@dataclass
+class NumpyDPSGD(Implementation):
+    """DP-SGD in numpy on the designated model: Poisson batches, per-record clipping, Gaussian noise σ·C,
+    the designated normaliser, plain SGD, each step reported to ``request.progress``; softmax regression from zero weights, or a ReLU MLP from a
+    seeded uniform ±1/√fan-in init (torch's default). Its claim is the full-batch Gaussian mechanism's ε of
+    the steps (:func:`claim_for`'s accountant, valid for any q), at the requested or calibrated σ.
+
+    ``own_hidden_width`` trains that MLP whatever was requested: a trainer that builds its own model.
+    ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would."""
+
+    own_hidden_width: int | None = None
+    softmax_only: bool = False
+    info: ImplementationInfo = field(default_factory=lambda: ImplementationInfo(name="test-numpy-dpsgd", library="numpy"))
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        hp = request.hyperparameters
+        width = request.architecture.hidden_width if self.own_hidden_width is None else self.own_hidden_width
+        if self.softmax_only and width:
+            raise ValueError(f"{self.info.name} trains softmax regression only (hidden_width=0), got hidden_width={width}")
+        sigma = hp.noise_multiplier
+        if sigma is None:
+            sigma = _calibrated_sigma(hp.target_epsilon, steps=hp.steps, delta=hp.delta)
+        rng = np.random.default_rng(request.seed)
+        params = _initial_parameters(width, request.dimension, request.num_classes, rng)
+        features = request.features.astype(np.float64)
+        onehot = np.eye(request.num_classes)[request.labels]
+        for step in range(1, hp.steps + 1):
+            batch = np.flatnonzero(rng.random(request.num_records) < hp.sampling_rate)
+            grads = _per_record_gradients(params, features[batch], onehot[batch])
+            norms = np.sqrt(sum((g.reshape(len(batch), -1) ** 2).sum(axis=1) for g in grads))
+            factors = np.minimum(1.0, hp.max_grad_norm / np.maximum(norms, 1e-12))
+            for p, g in zip(params, grads):
+                noisy = np.tensordot(factors, g, axes=1) + rng.normal(0.0, sigma * hp.max_grad_norm, p.shape)
+                p -= hp.learning_rate * noisy / hp.normaliser(request.num_records)
+            if request.progress is not None:
+                request.progress(step, hp.steps)
+        epsilon = ClaimedRun(noise_multiplier=sigma, steps=hp.steps).epsilon(hp.delta)
+        claim = PrivacyClaim(
+            epsilon=epsilon,
+            delta=hp.delta,
+            accountant="full-batch GDP",
+            noise_multiplier=sigma,
+            sampling_rate=hp.sampling_rate,
+            steps=hp.steps,
+        )
+
+        def predict(batch: np.ndarray) -> np.ndarray:
+            logits = _forward(params, np.asarray(batch, dtype=np.float64))[-1]
+            return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+        return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")
+
+
+def _initial_parameters(width: int, dimension: int, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
+    if width == 0:
+        return [np.zeros((dimension, num_classes)), np.zeros(num_classes)]
+    shapes = [((dimension, width), dimension), ((width,), dimension), ((width, num_classes), width), ((num_classes,), width)]
+    return [rng.uniform(-1.0, 1.0, shape) / math.sqrt(fan_in) for shape, fan_in in shapes]
+
+
+def _forward(params: list[np.ndarray], features: np.ndarray) -> list[np.ndarray]:
+    """The layers' outputs: [logits] for softmax regression, [hidden, logits] for the MLP."""
+    if len(params) == 2:
+        return [features @ params[0] + params[1]]
+    hidden = np.maximum(features @ params[0] + params[1], 0.0)
+    return [hidden, hidden @ params[2] + params[3]]
+
+
+def _per_record_gradients(params: list[np.ndarray], features: np.ndarray, onehot: np.ndarray) -> list[np.ndarray]:
+    """Each record's cross-entropy gradient, parameter by parameter (a leading record axis)."""
+    outputs = _forward(params, features)
+    logits = outputs[-1]
+    error = np.exp(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)) - onehot
+    if len(params) == 2:
+        return [features[:, :, None] * error[:, None, :], error]
+    hidden = outputs[0]
+    back = (error @ params[2].T) * (hidden > 0)
+    return [features[:, :, None] * back[:, None, :], back, hidden[:, :, None] * error[:, None, :], error]

@@ -3,12 +3,13 @@
 Parametrised over ``registered_implementations()`` with ``task == "classification"`` (built-ins and
 anything registered through the entry point group; language models have their own tests), ids = names; an implementation whose library is missing is skipped with its reason.
 A variant whose bug is an accountant fed the wrong numbers (bugs.md row 8) must *fail* the
-claim-matches-request check: that check is how conformance catches it without an audit.
+claim-matches-request check: that check is how conformance catches it without an audit. Every one, the
+reference included, trains the designated models: a zero-initialised softmax regression for hidden width
+0 and a model with hidden units for an MLP, as the black box shows.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from dpverify import conformance
 from dpverify.contract import DPHyperparameters, Implementation, ImplementationInfo, MLPArchitecture, PrivacyClaim, TrainedModel
 from dpverify.registry import registered_implementations
+from tests.doubles import NumpyDPSGD
 
 IMPLEMENTATIONS = [impl for impl in registered_implementations() if impl.info.task == "classification"]
 ACCOUNTANT_BUG = 8
@@ -76,6 +78,7 @@ def test_output_contract_and_claim(impl, request_sigma, trained_cache):
     impl = _available(impl)
     trained = _trained(trained_cache, impl, request_sigma, "sigma")
     conformance.check_output_contract(impl, request_sigma, trained)
+    conformance.check_hidden_layer(impl, request_sigma, trained)
     if impl.info.bug == ACCOUNTANT_BUG:
         with pytest.raises(AssertionError, match=impl.info.name):
             conformance.check_claim_matches_request(impl, request_sigma, trained)
@@ -99,11 +102,12 @@ def test_calibration(impl, request_target):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.info.name)
-def test_softmax_regression_meets_the_output_contract(impl, request_sigma):
-    """Every implementation trains the default profiles' model: softmax regression (hidden width 0)."""
+def test_softmax_regression_is_the_designated_model(impl, request_sigma):
+    """Every implementation trains the default profiles' model, a zero-initialised softmax regression
+    (hidden width 0), as its black box shows."""
     impl = _available(impl)
-    softmax = dataclasses.replace(request_sigma, architecture=MLPArchitecture(hidden_width=0))
-    conformance.check_output_contract(impl, softmax)
+    softmax = conformance.softmax_regression_request(request_sigma)
+    conformance.check_softmax_regression(impl, softmax, conformance.check_output_contract(impl, softmax))
 
 
 # --- the suite itself fails where it should ------------------------------------------------------------
@@ -157,8 +161,51 @@ def test_a_language_model_is_refused_with_a_reason():
         conformance.run_conformance(Language())
 
 
-def test_fake_passes_everything():
-    conformance.run_conformance(_Fake())
+def test_a_small_correct_dpsgd_passes_everything():
+    conformance.run_conformance(NumpyDPSGD())
+
+
+NOT_SOFTMAX = "not a zero-initialised softmax regression"
+
+
+def test_a_trainer_that_builds_its_own_model_fails_with_the_likely_cause():
+    """Asked for softmax regression, it trains a 64-unit MLP: its shapes are right, its responses bend."""
+    with pytest.raises(AssertionError, match=f"test-numpy-dpsgd: the model is {NOT_SOFTMAX}: responses are not affine .* "
+                       "does the trainer build its own model instead of the requested architecture"):
+        conformance.run_conformance(NumpyDPSGD(own_hidden_width=64))
+
+
+def test_a_randomly_initialised_softmax_regression_fails():
+    """Affine, but a coordinate no record touches moves its answers: its weights did not start at zero."""
+    softmax = conformance.softmax_regression_request(conformance.small_request())
+    with pytest.raises(AssertionError, match=f"fake-impl: the model is {NOT_SOFTMAX}: input coordinate [67], which no "
+                       "training record touches"):
+        conformance.check_softmax_regression(_Fake(), softmax)
+
+
+def test_softmax_regression_for_a_requested_mlp_fails():
+    with pytest.raises(AssertionError, match="fake-impl: hidden_width=16 was requested but the responses are affine"):
+        conformance.check_hidden_layer(_Fake(), conformance.small_request(hidden_width=16))
+
+
+def test_a_softmax_only_trainer_runs_the_suite_on_softmax_regression():
+    softmax_only = NumpyDPSGD(softmax_only=True)
+    conformance.run_conformance(softmax_only, architectures=[MLPArchitecture(hidden_width=0)])
+    with pytest.raises(ValueError, match="trains softmax regression only"):
+        conformance.run_conformance(softmax_only)  # the default asks for an MLP too
+
+
+def test_the_model_checks_refuse_requests_they_cannot_judge():
+    request = conformance.small_request()
+    with pytest.raises(ValueError, match="needs a softmax_regression_request"):
+        conformance.check_softmax_regression(NumpyDPSGD(), request)
+    with pytest.raises(ValueError, match="hidden_width >= 1"):
+        conformance.check_hidden_layer(NumpyDPSGD(), conformance.small_request(hidden_width=0))
+    with pytest.raises(ValueError, match="dimension > 2"):
+        conformance.softmax_regression_request(conformance.small_request(dimension=2))
+    for architectures in ([], [0]):
+        with pytest.raises(ValueError, match="architectures must be one or more MLPArchitecture"):
+            conformance.run_conformance(NumpyDPSGD(), architectures=architectures)
 
 
 @pytest.mark.parametrize(

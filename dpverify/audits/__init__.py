@@ -33,7 +33,9 @@ def run_audit(
     :func:`~dpverify.audits.two_world.run_two_world_design` (many trainings; the trainer's steps are not
     reported); the rest run
     :func:`~dpverify.audits.classification.run_classification_audit`. ``progress`` hears the audit's
-    stages, ``step_progress`` the trainer's DP steps (:attr:`dpverify.contract.Request.progress`).
+    stages ("training run 2 of 4", "querying the black box", "testing the claim"), ``step_progress`` the
+    trainer's DP steps of the current run (:attr:`dpverify.contract.Request.progress`; they restart with
+    each pooled run, which ``progress`` announces).
     ``executor`` (:mod:`dpverify.execution`; default in-process) trains the independent runs of a
     two-world audit and the pooled runs of a synthetic-canary one; the result does not depend on it.
     """

@@ -63,13 +63,14 @@ def run_classification_audit(
     pooled = f" in {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
     say(f"training {implementation.info.name} on {config.audit_size} canaries{pooled} ({device})")
     if executor is None or isinstance(executor, InProcessExecutor) or config.pooled_runs == 1:
-        runs = _runs(config, device=device, clock=clock, step_progress=step_progress)
+        runs = _runs(config, device=device, clock=clock, step_progress=step_progress, say=say)
         return audit_through_contract(implementation, config, runs, m=config.audit_size, clock=clock, say=say, device=device)
     shared = (executor.parcel(implementation, what=f"implementation {implementation.info.name!r}"), config, device)
     tasks = [(shared, indices) for indices in chunks(config.pooled_runs, parallelism=executor.parallelism)]
     timed_runs = in_task_order(executor.map(_pooled_runs, tasks, gpu=device == "cuda"))
     try:
-        return conclude_runs(implementation, config, _clocked(timed_runs, clock), m=config.audit_size, clock=clock, device=device)
+        scored = _clocked(timed_runs, clock, say=say, runs=config.pooled_runs)
+        return conclude_runs(implementation, config, scored, m=config.audit_size, clock=clock, device=device)
     finally:
         timed_runs.close()
 
@@ -89,21 +90,27 @@ def _pooled_runs(task: tuple[tuple[Parcel, AuditConfig, str], range]) -> tuple[l
     return until_failure(run(index) for index in indices)
 
 
-def _clocked(timed_runs: Iterator[tuple[ScoredRun, float]], clock: AuditClock) -> Iterator[ScoredRun]:
-    for scored, auditor_seconds in timed_runs:
+def _clocked(timed_runs: Iterator[tuple[ScoredRun, float]], clock: AuditClock, *, say: Progress, runs: int) -> Iterator[ScoredRun]:
+    """The workers' scored runs as they come back, each said, then "testing the claim"."""
+    for done, (scored, auditor_seconds) in enumerate(timed_runs, start=1):
         clock.auditor_seconds += auditor_seconds
+        say(f"training in workers: {done} of {runs} runs done")
         yield scored
+    say("testing the claim")
 
 
 def _runs(
-    config: AuditConfig, *, device: str, clock: AuditClock, step_progress: StepProgress | None
+    config: AuditConfig, *, device: str, clock: AuditClock, step_progress: StepProgress | None, say: Progress
 ) -> Iterator[tuple[TrainingRequest, Callable[[TrainedModel], tuple[np.ndarray, np.ndarray, None]]]]:
     """Each pooled run's request and scorer, made only when its turn comes: a run's canaries are m/R × d
-    floats, and holding every run's at once would cost R times that (10 GB for the gpu profile)."""
+    floats, and holding every run's at once would cost R times that (10 GB for the gpu profile). With
+    several runs, each is said ("training run 2 of 4") before it trains, so its steps read as its own."""
     for run in range(config.pooled_runs):
         started = time.perf_counter()
-        prepared = _one_run(config, run, device=device, step_progress=_run_progress(step_progress, run, config.pooled_runs))
+        prepared = _one_run(config, run, device=device, step_progress=step_progress)
         clock.auditor_seconds += time.perf_counter() - started
+        if config.pooled_runs > 1:
+            say(f"training run {run + 1} of {config.pooled_runs}")
         yield prepared
 
 
@@ -140,10 +147,3 @@ def _one_run(
         return loss_scores(log_probs, shown), membership, None
 
     return request, score
-
-
-def _run_progress(step_progress: StepProgress | None, run: int, runs: int) -> StepProgress | None:
-    """Run ``run``'s steps reported as steps of all ``runs`` runs together, so one bar covers the audit."""
-    if step_progress is None or runs == 1:
-        return step_progress
-    return lambda step, steps: step_progress(run * steps + step, runs * steps)

@@ -594,11 +594,13 @@ def audit_through_contract(
 ) -> AuditResult:
     """:func:`train_and_score` each run's request, one after the other, and :func:`conclude_runs`;
     ``returns`` is the black-box type the request's contract promises."""
-    scored = (
-        train_and_score(implementation, request, score, timeout=config.timeout, clock=clock, say=say, returns=returns)
-        for request, score in runs
-    )
-    return conclude_runs(implementation, config, scored, m=m, clock=clock, device=device)
+
+    def scored() -> Iterator[ScoredRun]:
+        for request, score in runs:
+            yield train_and_score(implementation, request, score, timeout=config.timeout, clock=clock, say=say, returns=returns)
+        say("testing the claim")
+
+    return conclude_runs(implementation, config, scored(), m=m, clock=clock, device=device)
 
 
 def conclude_runs(

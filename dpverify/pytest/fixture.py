@@ -19,6 +19,7 @@ from dpverify.config import OVERRIDABLE, AuditConfig, gate_world_config, profile
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
+from dpverify.pytest.progress import audit_progress
 from dpverify.pytest.stash import RESULT_PROPERTY
 from dpverify.session import MUST_CATCH, AuditSession, audit_entry
 
@@ -92,10 +93,20 @@ def execute_audit(
     session: AuditSession, node: Any, implementation: Implementation, config: Any, *, key: str, counted: bool
 ) -> AuditResult:
     """Count the audit against the session's plan, run it at the session's per-audit confidence and the
-    seed of ``key``, and record it on ``node``'s reports (JUnit properties included)."""
+    seed of ``key`` with its progress shown as ``--dp-audit-progress`` says, and record it on ``node``'s
+    reports (JUnit properties included)."""
     session.start_audit(counted=counted, where=node.nodeid)
     config = config.with_overrides(seed=session.audit_seed(key), confidence=session.per_audit_confidence)
-    result = run_audit(implementation, config, executor=session.executor_for_audits())
+    progress = audit_progress(node.config, f"dp-audit {implementation.info.name}")
+    result = run_audit(
+        implementation,
+        config,
+        progress=progress and progress.stage,
+        step_progress=progress and progress.step,
+        executor=session.executor_for_audits(),
+    )
+    if progress is not None:
+        progress.finish(result.headline())
     record = audit_entry(result, implementation, nodeid=node.nodeid)
     node.user_properties.extend((f"dp_audit_{name}", record[name]) for name in JUNIT_FIELDS)
     power = record["power"] or {}

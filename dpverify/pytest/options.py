@@ -18,6 +18,8 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: :data:`dpverify.canaries.worlds.WORLD_KINDS` and the words of :data:`dpverify.gate.WORLD_CHOICE_WORDS`.
 WORLD_CHOICES = ("dataset_size", "microbatch", "realised_batch", "worst_case_record")
 WORLD_WORDS = ("applicable", "none")
+#: When ``--dp-audit-progress`` shows each audit's progress line (see :mod:`dpverify.pytest.progress`).
+PROGRESS_CHOICES = ("auto", "always", "never")
 
 
 class OptionError(ValueError):
@@ -195,6 +197,14 @@ SETTINGS: tuple[Setting, ...] = (
         "limit",
         "SECONDS",
         shown_default="the profile's (30 min per training run, 1 h for gpu, 4 h for paper)",
+    ),
+    Setting(
+        "progress",
+        _choice(PROGRESS_CHOICES),
+        "auto",
+        "each audit's progress (stage, run, DP step, seconds): auto (a line redrawn on a terminal, none with -q "
+        "or under xdist), always (also as log lines when output is not a terminal) or never",
+        "WHEN",
     ),
     Setting(
         "executor",

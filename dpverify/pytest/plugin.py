@@ -40,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         session = _session(config)
         baseline = _baseline(config, session)
+        options.resolve(config, "progress")  # checked here; each audit reads it (dpverify.pytest.progress)
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
