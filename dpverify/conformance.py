@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dpverify.contract import (
     RELATIONS,
@@ -47,6 +47,7 @@ __all__ = [
     "softmax_regression_request",
     "check_softmax_regression",
     "check_hidden_layer",
+    "affinity_defect",
     "run_conformance",
 ]
 
@@ -323,7 +324,7 @@ def check_softmax_regression(
     if not untouched.size:
         raise ValueError(f"check_softmax_regression needs a coordinate no record touches (checking {name})")
     trained = trained if trained is not None else _train(impl, request)
-    defect, tolerance = _affinity_defect(impl, trained, request)
+    defect, tolerance = affinity_defect(lambda x: _log_proba(impl, trained, x), request)
     assert defect <= tolerance, (
         f"{name}: the model is not a zero-initialised softmax regression: responses are not affine in the input "
         f"(defect {defect:.3g}, float32 rounding allows {tolerance:.3g}) — does the trainer build its own model "
@@ -357,7 +358,7 @@ def check_hidden_layer(impl: Implementation, request: TrainingRequest, trained: 
     if width == 0:
         raise ValueError(f"check_hidden_layer needs a request with hidden_width >= 1 (checking {name})")
     trained = trained if trained is not None else _train(impl, request)
-    defect, tolerance = _affinity_defect(impl, trained, request)
+    defect, tolerance = affinity_defect(lambda x: _log_proba(impl, trained, x), request)
     assert defect > tolerance, (
         f"{name}: hidden_width={width} was requested but the responses are affine in the input (defect "
         f"{defect:.3g}, within float32 rounding {tolerance:.3g}): the model has no working hidden units — does "
@@ -383,16 +384,18 @@ def _roundoff(dimension: int, log_probs: np.ndarray) -> float:
     return 64.0 * (dimension + 8) * FLOAT32_EPS * scale
 
 
-def _affinity_defect(impl: Implementation, trained: TrainedModel, request: TrainingRequest) -> tuple[float, float]:
+def affinity_defect(log_proba: Callable[[np.ndarray], np.ndarray], request: TrainingRequest) -> tuple[float, float]:
     """max |g(x + y) − g(x) − g(y) + g(0)| over :data:`PROBE_PAIRS` Gaussian pairs of the records' typical
-    norm (g: class differences of log p, see :func:`check_softmax_regression`), and its float32 allowance."""
+    norm (g: class differences of ``log_proba``, see :func:`check_softmax_regression`), and its float32
+    allowance. The audit asks it of every softmax-regression black box too: a model that is not the
+    designated one makes a Dirac audit blind."""
     rng = np.random.default_rng(2024)
     x, y = rng.standard_normal((2, PROBE_PAIRS, request.dimension))
     x *= _typical_norm(request) / np.linalg.norm(x, axis=-1, keepdims=True)
     y *= _typical_norm(request) / np.linalg.norm(y, axis=-1, keepdims=True)
     x, y = x.astype(np.float32), y.astype(np.float32)
     probes = np.concatenate([np.zeros((1, request.dimension), np.float32), x, y, x + y])
-    out = _log_proba(impl, trained, probes).astype(np.float64)
+    out = np.asarray(log_proba(probes)).astype(np.float64)
     g = out[:, 1:] - out[:, :1]
     g_zero, g_x, g_y, g_sum = g[0], g[1 : 1 + PROBE_PAIRS], g[1 + PROBE_PAIRS : 1 + 2 * PROBE_PAIRS], g[1 + 2 * PROBE_PAIRS :]
     defect = float(np.max(np.abs(g_sum - g_x - g_y + g_zero)))

@@ -114,11 +114,11 @@ class Broken(Implementation):
 
 @dataclass
 class GaussianMechanism(Implementation):
-    """The claimed mechanism itself, canary by canary: a trained record's label gains ``signal`` × μ on its
-    logit, μ = √steps/σ of the claim (exact at q = 1), over independent Gaussian logits scaled so that the
-    default inclusion score (label minus the mean of the other labels) is N(μ, 1) for a member and N(0, 1)
-    otherwise. ``signal`` = 1 is a correct implementation as an audit sees it; < 1 one whose canaries carry
-    less (a model that is not the designated one)."""
+    """The claimed mechanism itself, canary by canary, as a softmax regression: Gaussian weights, plus
+    ``signal`` × μ on each trained record's label along its own direction (μ = √steps/σ of the claim, exact
+    at q = 1). With orthogonal canaries of one norm (the Dirac design) the default inclusion score (label
+    minus the mean of the other labels) is then N(μ, 1) for a member and N(0, 1) otherwise. ``signal`` = 1
+    is a correct implementation as an audit sees it; < 1 one whose canaries carry less."""
 
     claimed_epsilon: float = 2.0
     signal: float = 1.0
@@ -130,15 +130,16 @@ class GaussianMechanism(Implementation):
         claim = claim_for(request, self.claimed_epsilon)
         mu = math.sqrt(claim.steps) / claim.noise_multiplier
         classes = request.num_classes
-        scale = 1 / math.sqrt(1 + 1 / (classes - 1))
-        seen = {row.tobytes(): label for row, label in zip(request.features, request.labels)}
+        features = request.features.astype(np.float64)
+        norms_squared = np.maximum(np.sum(features**2, axis=1), 1e-300)
+        # Each logit of a canary of norm r has standard deviation r·spread; the inclusion score's is 1.
+        spread = 1 / math.sqrt(1 + 1 / (classes - 1)) / math.sqrt(float(np.median(norms_squared)) if features.size else 1.0)
         rng = np.random.default_rng(request.seed)
+        weights = spread * rng.standard_normal((request.dimension, classes))
+        weights += (features / norms_squared[:, None]).T @ (self.signal * mu * np.eye(classes)[request.labels])
 
-        def predict(features: np.ndarray) -> np.ndarray:
-            logits = scale * rng.standard_normal((len(features), classes))
-            for i, row in enumerate(features):
-                if row.tobytes() in seen:
-                    logits[i, seen[row.tobytes()]] += self.signal * mu
+        def predict(queries: np.ndarray) -> np.ndarray:
+            logits = queries.astype(np.float64) @ weights
             return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
 
         return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")

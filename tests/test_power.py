@@ -15,7 +15,8 @@ from dpverify.stats.bounds import _gdp_epsilon, steinke_refutes
 from dpverify.stats.curves import ClaimedRun, curve_refutes
 from dpverify.stats.power import LARGEST_DEFICIT, gdp_mu, one_run_deficit, separation
 from dpverify.stats.scoring import GuessRule
-from tests.doubles import GaussianMechanism, Oblivious
+from dpverify.contract import ImplementationInfo
+from tests.doubles import GaussianMechanism, NumpyDPSGD, Oblivious
 
 RULE = GuessRule()
 #: The audit's two tests each at half of a 95 % level, as a one-audit session runs them.
@@ -104,9 +105,15 @@ def test_a_correct_mechanism_passes_and_says_what_it_would_catch():
 
 
 def test_training_that_ignores_the_canaries_gets_no_green_pass():
-    result = run_audit(Oblivious(claimed_epsilon=2.0), _dirac())
+    result = run_audit(GaussianMechanism(signal=0.0), _dirac())
     assert result.verdict == "undecided"
     assert "could not see" in result.summary() and "training ignored the canaries" in result.blind
+
+
+def test_a_black_box_that_is_no_model_at_all_gets_no_green_pass():
+    """Random answers to every query: not even affine, so not the designated softmax regression."""
+    result = run_audit(Oblivious(claimed_epsilon=2.0), _dirac())
+    assert result.verdict == "undecided" and "responses are not affine" in result.blind
 
 
 def test_canaries_carrying_a_fraction_of_the_design_signal_get_no_green_pass():
@@ -115,3 +122,13 @@ def test_canaries_carrying_a_fraction_of_the_design_signal_get_no_green_pass():
     result = run_audit(GaussianMechanism(signal=0.3), _dirac())
     assert result.verdict == "undecided" and "not the designated one" in result.blind
     assert result.power.signal_high < 0.5
+
+
+def test_a_trainer_that_builds_its_own_model_gets_no_green_pass():
+    """Asked for softmax regression, it trains a 64-unit MLP: its Dirac canaries still carry most of the
+    signal (the issue measured a pass, and a pass at half the noise), but its black box is not affine in
+    the input, which the audit checks on every softmax-regression run."""
+    own_model = NumpyDPSGD(own_hidden_width=64, info=ImplementationInfo(name="own-model", library="numpy"))
+    result = run_audit(own_model, _dirac(m=400, dimension=400))
+    assert result.verdict == "undecided" and "not the designated zero-initialised softmax regression" in result.blind
+    assert run_audit(NumpyDPSGD(), _dirac(m=400, dimension=400)).power.blind is None  # the designated model

@@ -25,7 +25,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel
+from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel, TrainingRequest
 from dpverify.results import AuditResult
 from dpverify.stats.bounds import epsilon_lower_bound
 from dpverify.stats.curves import (
@@ -495,6 +495,7 @@ def concluded_result(
             confidences=(steinke_confidence, curve_confidence),
         ),
         expected_signal=expected_signal(config),
+        not_designated=trained.not_designated,
     )
     verdict, power = judge(verdict, power)
     inconsistency = claim_inconsistency(trained.claim)
@@ -552,13 +553,38 @@ Scorer = Callable[[TrainedModel], "tuple[np.ndarray, np.ndarray, float | None]"]
 class ScoredRun:
     """One training run, trained and scored, as it leaves the process it ran in (the model stays there):
     the scorer's scores, secret bits and test accuracy, and the run's claim and device (what
-    :func:`claimed_epsilon` and :func:`concluded_result` read)."""
+    :func:`claimed_epsilon` and :func:`concluded_result` read). ``not_designated`` says how the black box
+    showed that it is not the model the request designated (:func:`designated_model_defect`), or is ``None``."""
 
     scores: np.ndarray
     membership: np.ndarray
     test_accuracy: float | None
     claim: PrivacyClaim
     device: str
+    not_designated: str | None = None
+
+
+def designated_model_defect(trained: TrainedModel, request: Request) -> str | None:
+    """Why ``trained`` is not the softmax regression ``request`` designates (``hidden_width=0``), from its
+    black box alone, or ``None`` (also for any other model): a softmax regression's class differences of
+    log-probabilities are affine in the input, exactly (:func:`dpverify.conformance.affinity_defect`);
+    a trainer that builds its own model answers otherwise, and its Dirac canaries then carry a fraction of
+    the signal the design promises."""
+    if not isinstance(request, TrainingRequest) or not request.architecture.is_softmax_regression:
+        return None
+    from dpverify.conformance import affinity_defect
+
+    def log_proba(probes: np.ndarray) -> np.ndarray:
+        return query_black_box(trained, probes, expected_shape=(probes.shape[0], request.num_classes))
+
+    defect, tolerance = affinity_defect(log_proba, request)
+    if defect <= tolerance:
+        return None
+    return (
+        f"the model is not the designated zero-initialised softmax regression: its responses are not affine in "
+        f"the input (defect {defect:.3g}, float32 rounding allows {tolerance:.3g}); does the trainer build its own "
+        "model instead of the requested architecture (hidden_width=0)?"
+    )
 
 
 def train_and_score(
@@ -577,8 +603,9 @@ def train_and_score(
     say("querying the black box")
     scoring_started, answering = time.perf_counter(), clock.black_box_seconds
     scores, membership, accuracy = score(_TimedBlackBoxes(trained, clock))
+    not_designated = designated_model_defect(trained, request)
     clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
-    return ScoredRun(scores, membership, accuracy, trained.claim, trained.device)
+    return ScoredRun(scores, membership, accuracy, trained.claim, trained.device, not_designated)
 
 
 def audit_through_contract(
@@ -631,7 +658,7 @@ def conclude_runs(
         return concluded_result(
             fields,
             config,
-            pooled[0],
+            next((run for run in pooled if run.not_designated), pooled[0]),
             np.concatenate([run.scores for run in pooled]),
             np.concatenate([run.membership for run in pooled]),
             claim=first_claim,

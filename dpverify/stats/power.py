@@ -256,13 +256,16 @@ def measure_power(
     smallest_deficit: Callable[[float], float],
     expected_signal: float | None = None,
     either_direction: bool = False,
+    not_designated: str | None = None,
 ) -> AuditPower:
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
     :func:`separation`, k* = ``smallest_deficit(ρ)``, and why a pass could not see (``blind``): the scores
     do not separate at all; ρ's whole interval lies below ``expected_signal`` (what the design carries in a
     correct implementation; ``None``: not known for this design); or it would catch no deficit up to
     :data:`LARGEST_DEFICIT`. ``either_direction``: the test reads the
-    scores either way up (a two-world threshold picks its direction), so ρ is the separation's size."""
+    scores either way up (a two-world threshold picks its direction), so ρ is the separation's size.
+    ``not_designated``: the black box showed it is not the designated model (why), which blinds the audit
+    whatever ρ."""
     mu = gdp_mu(run)
     measured = separation(scores, membership)
     if either_direction and measured.mu < 0:
@@ -270,7 +273,9 @@ def measure_power(
     fraction, low, high = (value / mu if mu > 0 else math.nan for value in (measured.mu, measured.low, measured.high))
     deficit = smallest_deficit(fraction) if math.isfinite(fraction) else math.inf
     carried = f"its canaries carried {fraction:.0%} of the claimed signal (95% interval {low:.0%} to {high:.0%})"
-    if not math.isfinite(fraction):
+    if not_designated:
+        blind = f"{not_designated} ({carried})"
+    elif not math.isfinite(fraction):
         blind = "its scores do not separate the canaries at all: did training ignore them?"
     elif expected_signal is not None and high < expected_signal:
         blind = (
