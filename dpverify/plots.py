@@ -1,5 +1,6 @@
 """Per-audit pictures: member and non-member score histograms (a two-world audit's: the D and D′ runs'
-scores and the threshold its (ε, δ) test chose), and ε_L against the number of guesses."""
+scores and the threshold its (ε, δ) test chose) under the audit's power (ρ, k*), and ε_L against the
+number of guesses."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from dpverify._text import deficit_text  # noqa: E402
 from dpverify.results import AuditResult  # noqa: E402
 
 
@@ -31,7 +33,7 @@ def save_audit_plots(result: AuditResult, directory: str | Path) -> Path:
         histogram.set_xlabel("score")
         histogram.set_ylabel("runs" if two_world else "canaries")
         histogram.legend()
-    histogram.set_title(f"{result.implementation}: {result.design} design")
+    histogram.set_title(f"{result.implementation}: {result.design} design\n{_power(result)}")
     if result.bound_by_guesses:
         counts, _, bounds = zip(*result.bound_by_guesses)
         curve.plot(counts, bounds, marker="o", label="ε_L")
@@ -51,6 +53,15 @@ def save_audit_plots(result: AuditResult, directory: str | Path) -> Path:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def _power(result: AuditResult) -> str:
+    """The signal the canaries carried and the smallest noise deficit the audit catches, in a few words."""
+    power = result.power
+    if power is None:
+        return "no noise-deficit power stated"
+    deficit = "none ≤ 10×" if not np.isfinite(power.smallest_deficit) else f"{deficit_text(power.smallest_deficit)}×"
+    return f"signal ρ = {power.signal_fraction:.2f}; catches a noise deficit k* = {deficit}"
 
 
 def _curve_outcome(result: AuditResult) -> str:

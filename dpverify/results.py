@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dpverify._text import deficit_text
+from dpverify._text import decided_by, deficit_text
 from dpverify.stats.power import LARGEST_DEFICIT, POWER, AuditPower
 
 Verdict = Literal["pass", "violation", "undecided", "error"]
@@ -189,6 +189,7 @@ class AuditResult:
             head += f" {self.power_sentence()}"
         if self.verdict == "violation":
             return head + (
+                f" Refuted by {self.decided_by}."
                 " The run leaks more than its claim allows: check that every step clips each example's "
                 "gradient, adds N(0, σ²C²) noise to the clipped sum once per step, samples batches the way "
                 "the accountant assumes, and that the accountant is given the σ, q and step count actually used."
@@ -237,14 +238,17 @@ class AuditResult:
         if self.curve_epsilon_lower_bound is not None:
             p = "" if self.curve_p_value is None else f", p = {self.curve_p_value:.2g}"
             tests += f", curve ε_L = {self.curve_epsilon_lower_bound:.3f} (curve test{p})"
-        decided = ""
-        if self.verdict == "violation":
-            by = [name for name, refuted in (("the (ε, δ) test", self.epsilon_lower_bound > self.claimed_epsilon),
-                                             ("the curve test", self.curve_refuted)) if refuted]  # fmt: skip
-            decided = f" by {' and '.join(by)}" if by else " by the claim's own numbers"
+        decided = "" if self.verdict != "violation" else f" by {self.decided_by}"
         signal = "" if self.power is None else f"; ρ = {self.power.signal_fraction:.2f}"
         accuracy = "" if self.test_accuracy is None else f"; test accuracy {self.test_accuracy:.3f}"
         return f"{self.outcome}{decided}: {tests}; claimed {self.claimed_epsilon:.3f} (ε_O {self.optimal_epsilon:.3f}){signal}{accuracy}"
+
+    @property
+    def decided_by(self) -> str:
+        """What refuted the claim, in words ("-" when nothing did)."""
+        words = {"ε,δ": "the (ε, δ) test", "curve": "the curve test", "claim": "the claim's own numbers"}
+        tests = decided_by(self.to_dict()).split("+")
+        return " and ".join(words.get(test, test) for test in tests)
 
     @property
     def outcome(self) -> str:

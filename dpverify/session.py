@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpverify._text import deficit_text
+from dpverify._text import decided_by, deficit_text
 from dpverify.execution import Executor, ExecutorSpec
 
 if TYPE_CHECKING:
@@ -277,25 +277,6 @@ def _design(result: dict[str, Any]) -> str:
     if result["design"] == "two_world":
         return f"two_world:{result['config']['worlds']['world']}"
     return result["design"]
-
-
-def decided_by(result: dict[str, Any]) -> str:
-    """Which test refuted the claim: "ε,δ", "curve", both, or "claim" (it contradicts its own numbers);
-    "-" when none did."""
-    if result["verdict"] != "violation":
-        return "-"
-    if not result["claim_consistent"]:
-        return "claim"
-    steinke = _number(result, "epsilon_lower_bound") > _number(result, "claimed_epsilon")
-    tests = [name for name, refuted in (("ε,δ", steinke), ("curve", result["curve_refuted"])) if refuted]
-    return "+".join(tests) or "-"
-
-
-def _number(result: dict[str, Any], name: str) -> float:
-    """A number field of a report entry as a float: ∞ when listed as infinite, NaN when it has no value."""
-    if name in result.get("infinite", ()):
-        return math.inf
-    return math.nan if result[name] is None else float(result[name])
 
 
 def _power_cells(result: dict[str, Any]) -> tuple[str, str]:

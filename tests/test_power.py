@@ -132,3 +132,13 @@ def test_a_trainer_that_builds_its_own_model_gets_no_green_pass():
     result = run_audit(own_model, _dirac(m=400, dimension=400))
     assert result.verdict == "undecided" and "not the designated zero-initialised softmax regression" in result.blind
     assert run_audit(NumpyDPSGD(), _dirac(m=400, dimension=400)).power.blind is None  # the designated model
+
+
+def test_the_plot_shows_the_signal_and_the_smallest_deficit():
+    from dpverify.plots import _power
+
+    result = run_audit(GaussianMechanism(), _dirac(m=400, dimension=400))
+    assert _power(result) == (
+        f"signal ρ = {result.power.signal_fraction:.2f}; catches a noise deficit k* = "
+        f"{math.ceil(result.power.smallest_deficit * 10 - 1e-9) / 10:.1f}×"
+    )
