@@ -12,3 +12,5 @@ RESULT_PROPERTY = "dp_audit_result"
 SESSION_KEY = pytest.StashKey[AuditSession]()
 #: How many audits the session's plan counted for an item: the budget its audits are held to.
 PLANNED_KEY = pytest.StashKey[int]()
+#: ``--dp-audit-only`` (``"only"``), ``--dp-audit-skip`` (``"skip"``) or neither (``None``).
+SELECTION_KEY = pytest.StashKey["str | None"]()
