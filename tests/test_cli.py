@@ -88,6 +88,23 @@ def test_an_audit_that_could_only_end_undecided_is_refused_before_training(poole
     assert "m = 8 canaries can show at most" in capsys.readouterr().err
 
 
+def test_a_bad_set_value_is_a_usage_error_naming_it(capsys):
+    """Issue 20: `--set m=abc` was a TypeError traceback."""
+    assert main(["audit", "reference-dpsgd", "--set", "m=abc"]) == 2
+    assert "dpverify: error: reference-dpsgd: m must be an integer, got 'abc'" in capsys.readouterr().err
+    assert main(["audit", "reference-dpsgd", "--set", "guesses=0.5"]) == 2
+    assert "guesses must be a count (an integer >= 1) or a tuple of fractions of m, got 0.5" in capsys.readouterr().err
+
+
+def test_a_two_world_audit_with_too_few_runs_is_refused_naming_runs(capsys):
+    """Issue 20: runs=10 trained anyway, ended undecided and named --m."""
+    assert main(["audit", "reference-dpsgd", "--worlds", "dataset_size", "--set", "runs=10"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "two-world dataset_size" in line]
+    assert "10 runs per world can refute at most ε = 0.000" in line and "use --set runs=" in line and "--m" not in line
+    assert "training" not in err
+
+
 def test_all_with_names_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["audit", "--all", "opacus-ghost"])
