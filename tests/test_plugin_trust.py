@@ -99,10 +99,9 @@ def test_the_claims_delta_is_the_delta_tested(project):
         f"""
         import dataclasses
         import pytest
-        from tests.doubles import Oblivious, claim_for
-        from dpverify.contract import TrainedModel
+        from tests.doubles import GaussianMechanism
 
-        class AtLooseDelta(Oblivious):
+        class AtLooseDelta(GaussianMechanism):
             def train(self, request):
                 trained = super().train(request)
                 return dataclasses.replace(trained, claim=dataclasses.replace(trained.claim, delta=1e-3))
