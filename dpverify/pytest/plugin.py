@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
