@@ -183,6 +183,15 @@ def test_naming_a_test_file_collects_it_without_the_ready_made_audits(project):
     marked.stdout.fnmatch_lines(["dp-audit::dp-audit[[]leaky[]]", "2/3 tests collected (1 deselected)*"])
 
 
+def test_a_ready_made_audit_is_chosen_by_its_node_id(project):
+    project.makepyfile(test_plain="def test_plain():\n    pass\n")
+    chosen = run(project, "--dp-audit", SMALL, "test_plain.py", "dp-audit::dp-audit[leaky]", "--collect-only", "-q")
+    chosen.stdout.fnmatch_lines(["test_plain.py::test_plain", "dp-audit::dp-audit[[]leaky[]]", "2 tests collected*"])
+    unknown = run(project, "--dp-audit", SMALL, "dp-audit::dp-audit[leaky-typo]")
+    assert unknown.ret == pytest.ExitCode.USAGE_ERROR
+    unknown.stderr.fnmatch_lines(["*dp-audit::dp-audit[[]leaky-typo[]] names no ready-made audit of this session; its audits: *"])
+
+
 def test_dp_audit_only_and_skip_select_the_audits_or_the_rest(project):
     project.makepyfile(
         test_mixed="""

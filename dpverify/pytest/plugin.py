@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dpverify.pytest import options
-from dpverify.pytest.stash import PLANNED_KEY, RESULT_PROPERTY, SELECTION_KEY, SESSION_KEY
+from dpverify.pytest.stash import PLANNED_KEY, READY_MADE_MODULE, RESULT_PROPERTY, SELECTION_KEY, SESSION_KEY
 from dpverify.execution import ExecutorSpec
 from dpverify.session import AuditSession, outcome_as_expected
 
@@ -35,6 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", "dp_audit_two_world: a ready-made two-world (many-run) audit")
+    config.stash[NAMED_KEY] = _take_named_audits(config)
     try:
         config.stash[SELECTION_KEY] = options.audit_selection(config)
         session = _session(config)
@@ -218,14 +219,18 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Add the ready-made audits of the selected implementations (before ``-k``/``-m`` deselect any) under
     the virtual module ``dp-audit``: each one's one-run audit and the two-world audits of the worlds that
-    apply to it (``--dp-audit-worlds``), reported as collected so the counts add up. They are added when
-    the run asks for the whole suite (:func:`_whole_suite`) or for the audits (``--dp-audit-only``), not
-    when it names test files of its own. Then ``--dp-audit-only`` deselects every other test and
-    ``--dp-audit-skip`` every audit (reported as deselected)."""
+    apply to it (``--dp-audit-worlds``), reported as collected so the counts add up. Those the command
+    line names by node id are added; the others when the run asks for the whole suite (:func:`_whole_suite`)
+    or for the audits (``--dp-audit-only``), not when it names test files of its own. Then
+    ``--dp-audit-only`` deselects every other test and ``--dp-audit-skip`` every audit (reported as
+    deselected)."""
     selection = config.stash[SELECTION_KEY]
     audit_session = config.stash[SESSION_KEY]
-    if audit_session.enabled and selection != "skip" and (selection == "only" or _whole_suite(config)):
-        _add_ready_made_audits(session, audit_session, items)
+    named = config.stash[NAMED_KEY]
+    if named and not audit_session.enabled:
+        raise pytest.UsageError(f"{', '.join(named)}: the ready-made audits run with --dp-audit")
+    if audit_session.enabled and selection != "skip" and (named or selection == "only" or _whole_suite(config)):
+        _add_ready_made_audits(session, audit_session, items, named=named)
     if selection is not None:
         keep = selection == "only"
         deselected = [item for item in items if _is_audit(item) != keep]
@@ -234,19 +239,50 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             items[:] = [item for item in items if _is_audit(item) == keep]
 
 
-def _add_ready_made_audits(session: pytest.Session, audit_session: AuditSession, items: list[pytest.Item]) -> None:
+def _add_ready_made_audits(
+    session: pytest.Session, audit_session: AuditSession, items: list[pytest.Item], *, named: tuple[str, ...]
+) -> None:
+    """Add the ready-made audits, only those ``named`` (node ids, or the module) when any are; a name that
+    matches none is a usage error listing them."""
     from dpverify.gate import gate_audits
-    from dpverify.pytest.items import MODULE, DPAuditItem, DPAuditModule
+    from dpverify.pytest.items import DPAuditItem, DPAuditModule
 
-    module = DPAuditModule.from_parent(session, name=MODULE, nodeid=MODULE)
+    module = DPAuditModule.from_parent(session, name=READY_MADE_MODULE, nodeid=READY_MADE_MODULE)
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
         DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
         for audit in gate_audits(infos, worlds=audit_session.worlds)
     ]
+    if named:
+        unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]
+        if unmatched:
+            raise pytest.UsageError(
+                f"{', '.join(unmatched)} names no ready-made audit of this session; its audits: "
+                f"{', '.join(a.nodeid for a in added) or 'none'} (--dp-audit-implementations chooses the implementations)"
+            )
+        added = [a for a in added if READY_MADE_MODULE in named or a.nodeid in named]
     if added:
         items.extend(added)
         session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, added))
+
+
+#: The ready-made audits the command line names by node id (taken out of the paths pytest looks for).
+NAMED_KEY = pytest.StashKey["tuple[str, ...]"]()
+
+
+def _take_named_audits(config: pytest.Config) -> tuple[str, ...]:
+    """The ready-made audits the command line names by node id, as the test summary prints them
+    (``dp-audit::dp-audit[leaky]``, or ``dp-audit`` for all), taken out of ``config.args``: they live in a
+    virtual module, not in a file that pytest could find. (An xdist worker parses the same command line.)"""
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return ()
+    named = tuple(
+        arg
+        for arg in config.args
+        if arg.split("::")[0] == READY_MADE_MODULE and not (config.invocation_params.dir / READY_MADE_MODULE).exists()
+    )
+    config.args[:] = [arg for arg in config.args if arg not in named]
+    return named
 
 
 def _whole_suite(config: pytest.Config) -> bool:

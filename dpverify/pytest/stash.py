@@ -14,3 +14,5 @@ SESSION_KEY = pytest.StashKey[AuditSession]()
 PLANNED_KEY = pytest.StashKey[int]()
 #: ``--dp-audit-only`` (``"only"``), ``--dp-audit-skip`` (``"skip"``) or neither (``None``).
 SELECTION_KEY = pytest.StashKey["str | None"]()
+#: The virtual module of the ready-made audits (their node ids are ``dp-audit::<name>``).
+READY_MADE_MODULE = "dp-audit"
