@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import tempfile
 from numbers import Integral, Real
+from pathlib import Path
 
 
 def check_int(name: str, value: object, *, low: int, high: int | None = None) -> int:
@@ -49,3 +53,33 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return str(value)
+
+
+def check_writable(path: str | os.PathLike[str], *, directory: bool = False) -> None:
+    """Write where ``path`` (a file, or a ``directory`` of files) will be written, now, and remove what this
+    made: a new file is created and deleted, beside an existing one (or in the directory) a temporary file,
+    as an atomic rewrite makes; missing folders are made and removed again. A path that cannot be written
+    raises ``ValueError`` naming it and the system's reason, before any work that would end there."""
+    target = Path(path)
+    folder = target if directory else target.parent
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    try:
+        if not directory and target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if folder.exists() and not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        folder.mkdir(parents=True, exist_ok=True)
+        if directory or target.exists():
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}."):
+                pass
+        else:
+            target.open("x").close()
+            target.unlink()
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        for made in missing:
+            try:
+                made.rmdir()
+            except OSError:
+                break

@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
@@ -338,12 +337,12 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             "the table and the report hold only those",
             file=sys.stderr,
         )
-        _conclude(session, complete=False)
+        _conclude(session, stopped="interrupted")
         return INTERRUPTED
     finally:
         session.close()
     comparison = _compare(session, baseline)
-    _conclude(session, complete=True)
+    _conclude(session)
     risen = _show_comparison(comparison)
     unexpected = [r for r in session.results if not outcome_as_expected(r)]
     for r in unexpected:
@@ -470,56 +469,46 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
 
 
 def _refuse_undecidable(plan: list[tuple[Any, Any, Any]]) -> None:
-    """Refuse, before any training, an audit whose target ε is at or above its ceiling ε_O (the largest
-    ε_L its m canaries could show, every guess right) and whose curve test could refute no curve at all:
-    it could only end undecided. (Above ε_O the curve test may still refute the claimed mechanism, whose
-    curve is known only after training.) A run given σ instead of a target is not checked here."""
-    from dpverify.audits.steps import MAX_CANARIES, audit_ceiling, canaries_needed, curve_test_can_refute
+    """Refuse, before any training, every audit that could only end undecided
+    (:func:`dpverify.audits.undecidable`), naming the option that would make it decide."""
+    from dpverify.audits import undecidable
 
     refused = []
-    for _audit, implementation, config in plan:
-        target = config.hyperparameters.target_epsilon
-        if target is None or config.design == "two_world":  # the two-world audit decides this itself
-            continue
-        ceiling = audit_ceiling(config)
-        if target >= ceiling and not curve_test_can_refute(config):
-            needed = canaries_needed(config, target)
-            fix = f"use --m {needed} or more" if needed else f"no m up to {MAX_CANARIES:,} can refute it"
-            refused.append(
-                f"{implementation.info.name}: m = {config.audit_size} canaries can show at most ε_O = {ceiling:.3f} "
-                f"(confidence {config.confidence:.4g}), not above the target ε = {target:g}, and too few to refute "
-                f"any mechanism's trade-off curve, so the audit could only end undecided; {fix}, or lower --epsilon"
-            )
+    for audit, implementation, config in plan:
+        refusal = undecidable(implementation, config)
+        if refusal is not None:
+            spelled = "--m " if refusal.setting == "m" else f"--set {refusal.setting}="
+            refused.append(f"{_audit_name(audit)}: {refusal.message(spelled=spelled)}")
     if refused:
         raise ValueError("refusing audits that can decide nothing:\n  " + "\n  ".join(refused))
 
 
 def _check_outputs(session: Any) -> None:
-    """Fail at once, not after every audit, when the report or the plots cannot be written: the report
-    is written now (empty, ``complete: false``) and the plots' directory is made and probed."""
-    try:
-        session.write_report(complete=False)
-    except OSError as exc:
-        raise ValueError(f"cannot write --report {session.report_path}: {exc.strerror or exc}") from exc
+    """Fail at once, not after every audit, when the report or the plots cannot be written
+    (:func:`~dpverify._validation.check_writable`); the report is then written now (empty,
+    ``complete: false``)."""
+    from dpverify._validation import check_writable
+
     if session.plots_dir:
         try:
             import dpverify.plots  # noqa: F401  (needs matplotlib)
         except ImportError as exc:
             raise ValueError(f"--plots needs matplotlib ({exc}): pip install 'dpverify[plots]'") from exc
+    for option, path, directory in (("--report", session.report_path, False), ("--plots", session.plots_dir, True)):
         try:
-            Path(session.plots_dir).mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=session.plots_dir):
-                pass
-        except OSError as exc:
-            raise ValueError(f"cannot write --plots {session.plots_dir}: {exc.strerror or exc}") from exc
+            if path:
+                check_writable(path, directory=directory)
+        except ValueError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+    session.write_report(complete=False)
 
 
-def _conclude(session: Any, *, complete: bool) -> None:
-    """The table on stdout and the report on disk; ``complete`` is false for an interrupted run."""
+def _conclude(session: Any, *, stopped: str | None = None) -> None:
+    """The table on stdout and the report on disk; ``stopped`` says why a run ended early (interrupted)."""
     print("\n".join(session.summary_lines(ascii=not _can_show(sys.stdout, "ε∞"))))
-    path = session.write_report(complete=complete)
+    path = session.write_report(stopped=stopped)
     if path is not None:
-        print(f"JSON report: {path}" + ("" if complete else " (incomplete: interrupted)"))
+        print(f"JSON report: {path}" + (f" (incomplete: {stopped})" if stopped else ""))
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, object]:

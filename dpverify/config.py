@@ -202,9 +202,9 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         data_fields["m"] = canary_fields.pop("m")
     if canary_fields.get("mode", config.canaries.mode) == "dirac" and "dimension" not in canary_fields:
         # A Dirac canary owns a coordinate: the dimension follows the canaries per run unless the user sets it.
-        runs = top_fields.get("pooled_runs", config.pooled_runs)
-        if isinstance(runs, int) and runs >= 1:  # else AuditConfig names what is wrong with it
-            canary_fields["dimension"] = max(1, -(-canary_fields.get("m", config.canaries.m) // runs))
+        runs, m = top_fields.get("pooled_runs", config.pooled_runs), canary_fields.get("m", config.canaries.m)
+        if all(isinstance(n, int) and n >= 1 for n in (runs, m)):  # else AuditConfig names what is wrong
+            canary_fields["dimension"] = max(1, -(-m // runs))
     return dataclasses.replace(
         config,
         canaries=dataclasses.replace(config.canaries, **canary_fields),
@@ -244,11 +244,12 @@ def override_guess_rule(guess_rule: GuessRule, overrides: dict[str, Any]) -> Gue
     """``guess_rule`` with ``guesses`` (a fixed count, or a tuple of fractions of m) and ``sides``."""
     if "guesses" in overrides:
         guesses = overrides["guesses"]
-        guess_rule = (
-            GuessRule(count=guesses, sides=guess_rule.sides)
-            if isinstance(guesses, int)
-            else GuessRule(fractions=tuple(guesses), sides=guess_rule.sides)
-        )
+        if isinstance(guesses, int) and not isinstance(guesses, bool):
+            guess_rule = GuessRule(count=guesses, sides=guess_rule.sides)
+        elif isinstance(guesses, (tuple, list)):
+            guess_rule = GuessRule(fractions=tuple(guesses), sides=guess_rule.sides)
+        else:
+            raise ValueError(f"guesses must be a count (an integer >= 1) or a tuple of fractions of m, got {guesses!r}")
     if "sides" in overrides:
         guess_rule = dataclasses.replace(guess_rule, sides=overrides["sides"])
     return guess_rule

@@ -135,9 +135,10 @@ class AuditSession:
             f"session confidence {self.confidence:g}); rerun with {rerun}"
         )
 
-    def report(self, *, complete: bool = True) -> dict[str, Any]:
+    def report(self, *, complete: bool = True, stopped: str | None = None) -> dict[str, Any]:
         """The JSON report: what made it (versions, command line, UTC times), the level, one entry per audit.
-        ``complete`` is false in a report written while audits still run or after an interruption."""
+        ``complete`` is false in a report written while audits still run, and in one of a run that stopped
+        before its end (``stopped`` says why: interrupted, or stopped after failures by ``-x``)."""
         from dpverify import __version__
 
         return {
@@ -147,7 +148,8 @@ class AuditSession:
             "command": self.command,
             "started_at": self.started_at,
             "written_at": utc_now(),
-            "complete": complete,
+            "complete": complete and stopped is None,
+            "stopped": stopped,
             "confidence": self.confidence,
             "per_audit_confidence": self.per_audit_confidence,
             "planned_audits": self.planned_audits,
@@ -157,7 +159,7 @@ class AuditSession:
             **({"comparison": self.comparison} if self.comparison is not None else {}),
         }
 
-    def write_report(self, *, complete: bool = True) -> Path | None:
+    def write_report(self, *, complete: bool = True, stopped: str | None = None) -> Path | None:
         """Write :meth:`report` to ``report_path`` atomically (a reader, or a run killed mid-write, sees the
         previous report or the new one, never half of one); ``None`` when no path is set. Call it before
         the first audit too: an unwritable path then fails at once, not after every audit has run."""
@@ -165,7 +167,7 @@ class AuditSession:
             return None
         path = Path(self.report_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, json.dumps(self.report(complete=complete), indent=2, allow_nan=False) + "\n")
+        write_atomically(path, json.dumps(self.report(complete=complete, stopped=stopped), indent=2, allow_nan=False) + "\n")
         return path
 
     def summary_lines(self, *, ascii: bool = False) -> list[str]:

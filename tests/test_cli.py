@@ -88,6 +88,23 @@ def test_an_audit_that_could_only_end_undecided_is_refused_before_training(poole
     assert "m = 8 canaries can show at most" in capsys.readouterr().err
 
 
+def test_a_bad_set_value_is_a_usage_error_naming_it(capsys):
+    """Issue 20: `--set m=abc` was a TypeError traceback."""
+    assert main(["audit", "reference-dpsgd", "--set", "m=abc"]) == 2
+    assert "dpverify: error: reference-dpsgd: m must be an integer, got 'abc'" in capsys.readouterr().err
+    assert main(["audit", "reference-dpsgd", "--set", "guesses=0.5"]) == 2
+    assert "guesses must be a count (an integer >= 1) or a tuple of fractions of m, got 0.5" in capsys.readouterr().err
+
+
+def test_a_two_world_audit_with_too_few_runs_is_refused_naming_runs(capsys):
+    """Issue 20: runs=10 trained anyway, ended undecided and named --m."""
+    assert main(["audit", "reference-dpsgd", "--worlds", "dataset_size", "--set", "runs=10"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "two-world dataset_size" in line]
+    assert "10 runs per world can refute at most ε = 0.000" in line and "use --set runs=" in line and "--m" not in line
+    assert "training" not in err
+
+
 def test_all_with_names_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["audit", "--all", "opacus-ghost"])
@@ -107,16 +124,20 @@ def test_audit_needs_a_name_or_all_and_a_known_name(capsys):
 
 
 def test_an_audit_that_can_decide_nothing_is_refused_before_training(capsys):
-    from dpverify.audits.steps import audit_ceiling
+    from dpverify.audits import undecidable
     from dpverify.config import profile_config
+    from dpverify.registry import get_implementation
 
-    assert main(["audit", "opacus-ghost", "reference-dpsgd", "--m", "1", "--set", "pooled_runs=1"]) == 2
+    assert main(["audit", "opacus-ghost", "reference-dpsgd", "--m", "1", "--set", "pooled_runs=1", "--worlds", "none"]) == 2
     err = capsys.readouterr().err
     assert "training" not in err  # refused before the first audit started
     for name in ("opacus-ghost", "reference-dpsgd"):
         assert f"{name}: m = 1 canaries can show at most ε_O = 0.000" in err and "target ε = 2," in err
     needed = int(re.search(r"use --m (\d+) or more", err).group(1))
-    assert audit_ceiling(profile_config("quick", m=needed, confidence=1 - 0.05 / 2)) > 2.0
+    # The smallest m that decides: one canary fewer is refused too (two audits share the level).
+    for m, refused in ((needed, False), (needed - 1, True)):
+        config = profile_config("quick", m=m, pooled_runs=1, confidence=1 - 0.05 / 2)
+        assert (undecidable(get_implementation("reference-dpsgd"), config) is not None) == refused, m
 
 
 def test_a_design_a_language_model_cannot_take_is_refused_before_any_audit(capsys):
@@ -132,7 +153,7 @@ def test_an_unwritable_output_fails_before_any_audit(option, tmp_path, capsys):
     blocker.write_text("")
     assert main(["audit", "opacus-ghost", *SMALL, option, str(blocker / "out")]) == 2
     err = capsys.readouterr().err
-    assert f"cannot write {option} {blocker / 'out'}" in err and "training" not in err
+    assert f"{option}: cannot write {blocker / 'out'}: Not a directory" in err and "training" not in err
 
 
 def test_list_is_a_table_with_a_header_and_json(capsys):

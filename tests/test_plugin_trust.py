@@ -99,10 +99,9 @@ def test_the_claims_delta_is_the_delta_tested(project):
         f"""
         import dataclasses
         import pytest
-        from tests.doubles import Oblivious, claim_for
-        from dpverify.contract import TrainedModel
+        from tests.doubles import GaussianMechanism
 
-        class AtLooseDelta(Oblivious):
+        class AtLooseDelta(GaussianMechanism):
             def train(self, request):
                 trained = super().train(request)
                 return dataclasses.replace(trained, claim=dataclasses.replace(trained.claim, delta=1e-3))
@@ -124,7 +123,7 @@ def test_a_hypothesis_test_with_a_failing_trainer_fails_cleanly_and_keeps_its_bu
         from tests.doubles import Broken
 
         @settings(audit_settings, max_examples=3, database=None)
-        @given(m=st.integers(20, 40))
+        @given(m=st.integers(40, 60))  # enough canaries to decide, so each example trains
         def test_drawn(dp_audit, m):
             dp_audit(Broken(mode="raise"), m=m, dimension=m, num_classes=5)
         """
@@ -218,7 +217,7 @@ def test_a_training_run_past_its_time_limit_ends_as_an_error_naming_the_limit(pr
             def train(self, request):
                 time.sleep(30)
 
-        @pytest.mark.dp_audit(m=30, dimension=30, num_classes=5, timeout=0.5)
+        @pytest.mark.dp_audit(m=40, dimension=40, num_classes=5, timeout=0.5)
         def test_hangs(dp_audit):
             with pytest.raises(AuditError, match="time limit of 0.5 s"):
                 dp_audit(Hangs())
@@ -232,9 +231,9 @@ def test_bad_paths_and_devices_fail_at_once(project, tmp_path):
     blocker.write_text("")
     result = run(project, "--dp-audit", f"--dp-audit-plots={blocker / 'plots'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--dp-audit-plots=*cannot create*"])
+    result.stderr.fnmatch_lines(["*--dp-audit-plots=*: cannot write *plots: Not a directory; give a writable path"])
     result = run(project, "--dp-audit", f"--dp-audit-report={tmp_path}")
-    result.stderr.fnmatch_lines(["*--dp-audit-report=*cannot write there*"])
+    result.stderr.fnmatch_lines(["*--dp-audit-report=*: cannot write *: Is a directory; give a writable path"])
     try:
         import torch
 

@@ -8,8 +8,8 @@ from typing import Any
 from dpverify.audits.classification import run_classification_audit
 from dpverify.audits.data_dependent import run_data_audit
 from dpverify.audits.language import language_config_like, run_language_audit
-from dpverify.audits.steps import Progress
-from dpverify.audits.two_world import run_two_world_design
+from dpverify.audits.steps import Progress, Undecidable, one_run_undecidable
+from dpverify.audits.two_world import run_two_world_design, two_world_undecidable
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress
 from dpverify.execution import Executor
@@ -51,3 +51,16 @@ def run_audit(
     if config.is_data_dependent:
         return run_data_audit(implementation, config, progress=progress, step_progress=step_progress)
     return run_classification_audit(implementation, config, progress=progress, step_progress=step_progress, executor=executor)
+
+
+def undecidable(implementation: Implementation, config: Any) -> Undecidable | None:
+    """Why the audit :func:`run_audit` would run of ``implementation`` under ``config`` could only end
+    undecided, known before any training (``None``: it may decide): the check every face (the CLI, the
+    ready-made audits, the ``dp_audit`` fixture) makes before training, so that none trains for nothing."""
+    if implementation.info.task == "language":
+        return one_run_undecidable(language_config_like(config))
+    if not isinstance(config, AuditConfig):
+        return None  # run_audit names the mistake
+    if config.design == "two_world":
+        return two_world_undecidable(config)
+    return one_run_undecidable(config, run_sizes=(config.audit_size,) if config.is_data_dependent else None)

@@ -20,9 +20,13 @@ import numpy as np
 from dpverify._validation import check_int, check_probability
 from dpverify.audits.steps import (
     AuditFailure,
+    DesignatedClaim,
     Progress,
+    Undecidable,
     claimed_epsilon,
     claimed_run,
+    designated_claim,
+    target_claim,
     query_black_box,
     in_task_order,
     resolve_device,
@@ -39,6 +43,7 @@ from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, two_w
 from dpverify.stats.two_world import (
     TradeOffCurve,
     TwoWorldBound,
+    MAX_RUNS,
     curve_refutable,
     gdp_curve,
     runs_needed,
@@ -46,7 +51,14 @@ from dpverify.stats.two_world import (
     two_world_ceiling,
 )
 
-__all__ = ["TwoWorldResult", "full_batch_gdp_curve", "full_batch_gdp_mu", "run_two_world_audit", "run_two_world_design"]
+__all__ = [
+    "TwoWorldResult",
+    "full_batch_gdp_curve",
+    "full_batch_gdp_mu",
+    "run_two_world_audit",
+    "run_two_world_design",
+    "runs_undecidable",
+]
 
 #: Maps a claim and the world's relation to the trade-off curve β(α) the claim asserts, or ``None``.
 CurveForClaim = Callable[[PrivacyClaim, str], "TradeOffCurve | None"]
@@ -221,7 +233,10 @@ def run_two_world_audit(
     target = hyperparameters.target_epsilon
     subsampled = hyperparameters.sampling_rate < 1
     no_curve = curve_for_claim is None or (curve_for_claim is full_batch_gdp_curve and subsampled)
-    if target is not None and target >= eps_ceiling and no_curve:
+    refusal = None
+    if target is not None:
+        refusal = runs_undecidable(target_claim(target), runs=runs, delta=delta, confidence=confidence, curve_test=not no_curve)
+    if refusal is not None:
         return TwoWorldResult(
             **common,
             claimed_epsilon=target,
@@ -229,7 +244,7 @@ def run_two_world_audit(
             claimed_epsilon_dprime=target,
             claim_derivation="the requested target ε (not trained)",
             claimed_mu=None,
-            runs_needed=runs_needed(target, delta=delta, confidence=confidence),
+            runs_needed=refusal.needed,
             bound=None,
             verdict="undecided",
             seconds=time.perf_counter() - started,
@@ -332,6 +347,38 @@ def run_two_world_audit(
         scores_d=tuple(scores["d"]),
         scores_dprime=tuple(scores["dprime"]),
         power=power,
+    )
+
+
+def runs_undecidable(
+    claim: DesignatedClaim, *, runs: int, delta: float, confidence: float, curve_test: bool = True
+) -> Undecidable | None:
+    """Why ``runs`` runs per world could only leave ``claim`` undecided, before training, or ``None``: its ε
+    at or above the runs' (ε, δ) ceiling, and no curve test (``curve_test`` false: none applies) or one that
+    cannot refute the claim's GDP curve (any curve when its μ is unknown) even at perfect separation."""
+    eps_ceiling, _ = two_world_ceiling(runs, delta=delta, confidence=confidence)
+    curve = gdp_curve(claim.mu or 0.0) if curve_test else None
+    if claim.epsilon < eps_ceiling or (curve is not None and curve_refutable(curve, runs, confidence=confidence)):
+        return None
+    return Undecidable(
+        setting="runs",
+        value=runs,
+        needed=runs_needed(claim.expected, delta=delta, confidence=confidence, mu=claim.mu),
+        limit=MAX_RUNS,
+        reason=f"{runs} runs per world can refute at most ε = {eps_ceiling:.3f} (confidence {confidence:.4g}), not above "
+        f"{claim.what}, and too few to refute the claimed mechanism's trade-off curve",
+    )
+
+
+def two_world_undecidable(config: AuditConfig) -> Undecidable | None:
+    """:func:`runs_undecidable` of the two-world audit ``config`` designates (its runs, target or σ, level),
+    with the default curve test of full-batch claims."""
+    claim = designated_claim(config)
+    if claim is None:
+        return None
+    hp = config.hyperparameters
+    return runs_undecidable(
+        claim, runs=config.worlds.runs, delta=hp.delta, confidence=config.confidence, curve_test=hp.sampling_rate == 1
     )
 
 

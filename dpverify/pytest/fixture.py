@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from dpverify.audits import run_audit
+from dpverify.audits import run_audit, undecidable
 from dpverify.config import OVERRIDABLE, AuditConfig, gate_world_config, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation, registered_implementations
@@ -94,9 +94,11 @@ def execute_audit(
 ) -> AuditResult:
     """Count the audit against the session's plan, run it at the session's per-audit confidence and the
     seed of ``key`` with its progress shown as ``--dp-audit-progress`` says, and record it on ``node``'s
-    reports (JUnit properties included)."""
-    session.start_audit(counted=counted, where=node.nodeid)
+    reports (JUnit properties included). An audit that could only end undecided is refused before
+    training: a skip, a failure under ``--dp-audit-strict``."""
     config = config.with_overrides(seed=session.audit_seed(key), confidence=session.per_audit_confidence)
+    refuse_undecidable(implementation, config, strict=session.strict)
+    session.start_audit(counted=counted, where=node.nodeid)
     progress = audit_progress(node.config, f"dp-audit {implementation.info.name}")
     result = run_audit(
         implementation,
@@ -166,7 +168,23 @@ def judge(result: AuditResult, implementation: Implementation, *, strict: bool, 
 
 
 def _undecided(result: AuditResult, *, strict: bool) -> NoReturn:
-    message = f"{result.summary()} (undecided is not a pass: --dp-audit-strict makes it a failure)"
+    _cannot_decide(result.summary(), strict=strict)
+
+
+def refuse_undecidable(implementation: Implementation, config: Any, *, strict: bool) -> None:
+    """Skip (fail under ``strict``), before any training, an audit that could only end undecided
+    (:func:`dpverify.audits.undecidable`), naming the setting that would make it decide."""
+    refusal = undecidable(implementation, config)
+    if refusal is None:
+        return
+    _cannot_decide(
+        f"{implementation.info.name}: not run: {refusal.message()} (a dp_audit marker keyword, or --dp-audit-set)",
+        strict=strict,
+    )
+
+
+def _cannot_decide(message: str, *, strict: bool) -> NoReturn:
+    message = f"{message} (undecided is not a pass: --dp-audit-strict makes it a failure)"
     if strict:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)

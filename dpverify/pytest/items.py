@@ -20,8 +20,6 @@ from dpverify.gate import GateAudit
 from dpverify.pytest.stash import SESSION_KEY
 from dpverify.session import AuditSession
 
-MODULE = "dp-audit"
-
 
 class DPAuditModule(pytest.Collector):
     """The virtual module the ready-made items live in: it collects nothing by itself; the plugin adds the

@@ -190,6 +190,21 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("strict", _flag, False, "fail (rather than skip) an audit that cannot decide (verdict undecided)", switch=True),
     Setting(
+        "only",
+        _flag,
+        False,
+        "run only the DP audits (implies --dp-audit): the ready-made ones and the tests marked dp_audit or using "
+        "the dp_audit fixture; the other tests are deselected",
+        switch=True,
+    ),
+    Setting(
+        "skip",
+        _flag,
+        False,
+        "deselect every DP audit: the ready-made ones and the tests marked dp_audit or using the dp_audit fixture",
+        switch=True,
+    ),
+    Setting(
         "timeout",
         _seconds,
         None,
@@ -277,7 +292,7 @@ def add_options(parser: Any) -> None:
 
 
 def audit_enabled(config: Any) -> bool:
-    if config.getoption("dp_audit"):
+    if config.getoption("dp_audit") or audit_selection(config) == "only":
         return True
     env = os.environ.get("DPVERIFY_AUDIT")
     if env is not None:
@@ -303,3 +318,12 @@ def resolve(config: Any, name: str) -> Any:
         except ValueError as exc:
             raise OptionError(f"{source}={raw!r} is invalid: {setting.name} {exc}") from None
     return setting.default
+
+
+def audit_selection(config: Any) -> str | None:
+    """``"only"`` (``--dp-audit-only``: run only the audits), ``"skip"`` (``--dp-audit-skip``: deselect them)
+    or ``None``; both is an :class:`OptionError`."""
+    only, skip = resolve(config, "only"), resolve(config, "skip")
+    if only and skip:
+        raise OptionError("--dp-audit-only runs only the DP audits and --dp-audit-skip deselects them; give one of them")
+    return "only" if only else "skip" if skip else None

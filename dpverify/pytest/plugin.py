@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dpverify.pytest import options
-from dpverify.pytest.stash import PLANNED_KEY, RESULT_PROPERTY, SESSION_KEY
+from dpverify.pytest.stash import PLANNED_KEY, READY_MADE_MODULE, RESULT_PROPERTY, SELECTION_KEY, SESSION_KEY
 from dpverify.execution import ExecutorSpec
 from dpverify.session import AuditSession, outcome_as_expected
 
@@ -37,7 +35,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", "dp_audit_two_world: a ready-made two-world (many-run) audit")
+    config.stash[NAMED_KEY] = _take_named_audits(config)
     try:
+        config.stash[SELECTION_KEY] = options.audit_selection(config)
         session = _session(config)
         baseline = _baseline(config, session)
         options.resolve(config, "progress")  # checked here; each audit reads it (dpverify.pytest.progress)
@@ -75,6 +75,7 @@ def _session(config: pytest.Config) -> AuditSession:
     )
     if session.enabled:
         _check_device(session.device)
+        _check_settings(session)
         for path, what in ((session.report_path, "--dp-audit-report"), (session.plots_dir, "--dp-audit-plots")):
             _check_writable(path, what, directory=what == "--dp-audit-plots")
     return session
@@ -126,6 +127,23 @@ def _settings(pairs: tuple[str, ...]) -> dict[str, Any]:
     return settings
 
 
+def _check_settings(session: AuditSession) -> None:
+    """Build the configurations ``--dp-audit-set`` makes, the one-run audits' and the selected gate worlds',
+    so that a bad value (``m=abc``) is a usage error naming it now, not a crash in every audit."""
+    if not session.settings:
+        return
+    from dpverify.canaries.worlds import WORLD_KINDS
+    from dpverify.pytest.fixture import audit_config, world_config
+
+    worlds = {"applicable": WORLD_KINDS, "none": ()}.get(session.worlds, session.worlds)
+    try:
+        audit_config(session, {})
+        for world in worlds:
+            world_config(session, world)
+    except ValueError as exc:
+        raise options.OptionError(f"--dp-audit-set: {exc}") from None
+
+
 def _executor(config: pytest.Config) -> ExecutorSpec:
     settings = {name.replace("-", "_"): options.resolve(config, name) for name in ("executor", "workers", "ray-address")}
     try:
@@ -146,17 +164,16 @@ def _check_device(device: str) -> None:
 
 
 def _check_writable(path: str | None, option: str, *, directory: bool) -> None:
-    """Create ``path``'s directory now and check it can be written, so a bad path fails at once, not after
-    every audit has run."""
+    """Write ``path`` now (:func:`~dpverify._validation.check_writable`), so a bad path fails at once, not
+    after every audit has run."""
     if not path:
         return
-    folder = Path(path) if directory else Path(path).parent
+    from dpverify._validation import check_writable
+
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise options.OptionError(f"{option}={path!r}: cannot create {folder}: {exc.strerror}") from None
-    if not os.access(folder, os.W_OK) or (not directory and Path(path).is_dir()):
-        raise options.OptionError(f"{option}={path!r}: cannot write there; give a writable path")
+        check_writable(path, directory=directory)
+    except ValueError as exc:
+        raise options.OptionError(f"{option}={path!r}: {exc}; give a writable path") from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -202,22 +219,94 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Add the ready-made audits of the selected implementations (before ``-k``/``-m`` deselect any) under
     the virtual module ``dp-audit``: each one's one-run audit and the two-world audits of the worlds that
-    apply to it (``--dp-audit-worlds``), reported as collected so the counts add up."""
+    apply to it (``--dp-audit-worlds``), reported as collected so the counts add up. Those the command
+    line names by node id are added; the others when the run asks for the whole suite (:func:`_whole_suite`)
+    or for the audits (``--dp-audit-only``), not when it names test files of its own. Then
+    ``--dp-audit-only`` deselects every other test and ``--dp-audit-skip`` every audit (reported as
+    deselected)."""
+    selection = config.stash[SELECTION_KEY]
     audit_session = config.stash[SESSION_KEY]
-    if not audit_session.enabled:
-        return
-    from dpverify.gate import gate_audits
-    from dpverify.pytest.items import MODULE, DPAuditItem, DPAuditModule
+    named = config.stash[NAMED_KEY]
+    if named and not audit_session.enabled:
+        raise pytest.UsageError(f"{', '.join(named)}: the ready-made audits run with --dp-audit")
+    if audit_session.enabled and selection != "skip" and (named or selection == "only" or _whole_suite(config)):
+        _add_ready_made_audits(session, audit_session, items, named=named)
+    if selection is not None:
+        keep = selection == "only"
+        deselected = [item for item in items if _is_audit(item) != keep]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if _is_audit(item) == keep]
 
-    module = DPAuditModule.from_parent(session, name=MODULE, nodeid=MODULE)
+
+def _add_ready_made_audits(
+    session: pytest.Session, audit_session: AuditSession, items: list[pytest.Item], *, named: tuple[str, ...]
+) -> None:
+    """Add the ready-made audits, only those ``named`` (node ids, or the module) when any are; a name that
+    matches none is a usage error listing them."""
+    from dpverify.gate import gate_audits
+    from dpverify.pytest.items import DPAuditItem, DPAuditModule
+
+    module = DPAuditModule.from_parent(session, name=READY_MADE_MODULE, nodeid=READY_MADE_MODULE)
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
         DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
         for audit in gate_audits(infos, worlds=audit_session.worlds)
     ]
+    if named:
+        unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]
+        if unmatched:
+            raise pytest.UsageError(
+                f"{', '.join(unmatched)} names no ready-made audit of this session; its audits: "
+                f"{', '.join(a.nodeid for a in added) or 'none'} (--dp-audit-implementations chooses the implementations)"
+            )
+        added = [a for a in added if READY_MADE_MODULE in named or a.nodeid in named]
     if added:
         items.extend(added)
-        config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, added))
+        session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, added))
+
+
+#: The ready-made audits the command line names by node id (taken out of the paths pytest looks for).
+NAMED_KEY = pytest.StashKey["tuple[str, ...]"]()
+
+
+def _take_named_audits(config: pytest.Config) -> tuple[str, ...]:
+    """The ready-made audits the command line names by node id, as the test summary prints them
+    (``dp-audit::dp-audit[leaky]``, or ``dp-audit`` for all), taken out of ``config.args``: they live in a
+    virtual module, not in a file that pytest could find. (An xdist worker parses the same command line.)"""
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return ()
+    named = tuple(
+        arg
+        for arg in config.args
+        if arg.split("::")[0] == READY_MADE_MODULE and not (config.invocation_params.dir / READY_MADE_MODULE).exists()
+    )
+    config.args[:] = [arg for arg in config.args if arg not in named]
+    return named
+
+
+def _whole_suite(config: pytest.Config) -> bool:
+    """Whether the run collects the whole suite: no path given (pytest took ``testpaths`` or the current
+    directory), or only paths that are the root directory, the current directory or a ``testpaths`` entry.
+    Naming a test file or a test selects it alone, so the ready-made audits are then not added; ``-k`` and
+    ``-m`` filter the whole suite, so ``-m dp_audit`` runs them."""
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return True
+    here = config.invocation_params.dir
+    suite = {config.rootpath.resolve(), here.resolve()}
+    suite.update((config.rootpath / entry).resolve() for entry in config.getini("testpaths"))
+    return all("::" not in arg and (here / arg).resolve() in suite for arg in config.args)
+
+
+def _is_audit(item: pytest.Item) -> bool:
+    """A DP audit: a ready-made one, or a test marked ``dp_audit`` or using the ``dp_audit`` fixture."""
+    from dpverify.pytest.items import DPAuditItem
+
+    return (
+        isinstance(item, DPAuditItem)
+        or "dp_audit" in getattr(item, "fixturenames", ())
+        or item.get_closest_marker("dp_audit") is not None
+    )
 
 
 def _selected_implementations(audit_session: AuditSession) -> list[Any]:
@@ -256,7 +345,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         if isinstance(item, DPAuditItem):
             count = int(item.audit.counted)
-        elif "dp_audit" in getattr(item, "fixturenames", ()) or item.get_closest_marker("dp_audit") is not None:
+        elif _is_audit(item):
             count = _declared_audits(item)
         else:
             continue
@@ -314,13 +403,16 @@ def dp_audit(request: pytest.FixtureRequest) -> Any:
     session = request.config.stash[SESSION_KEY]
     if not session.enabled:
         pytest.skip("DP audits are off; run pytest with --dp-audit")
+    problem = None
     try:
         settings = _marker_settings(request.node)
         audit_config(session, settings)
     except MarkerError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
     except ValueError as exc:
-        pytest.fail(f"{request.node.nodeid}: dp_audit marker: {exc}", pytrace=False)
+        problem = f"{request.node.nodeid}: dp_audit marker: {exc}"
+    if problem:  # failed outside the except clause: the message once, not again as the failure's context
+        pytest.fail(problem, pytrace=False)
     return DPAudit(session, request.node, settings, request.node.stash.get(PLANNED_KEY, 0))
 
 
@@ -347,11 +439,30 @@ def dp_implementation(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     audit_session = session.config.stash[SESSION_KEY]
     if audit_session.enabled and not hasattr(session.config, "workerinput"):
         _compare(session)
-        audit_session.write_report()
+        session.config.stash[STOPPED_KEY] = stopped = _stopped(session, exitstatus)
+        audit_session.write_report(stopped=stopped)
+
+
+#: Why the session stopped before its end (``None``: it ran every selected test), for the summary.
+STOPPED_KEY = pytest.StashKey["str | None"]()
+
+
+def _stopped(session: pytest.Session, exitstatus: int) -> str | None:
+    """Why the session ended before running every selected test, or ``None``: interrupted (Ctrl-C; under
+    xdist also a worker's failure limit), stopped by ``-x``/``--maxfail`` (the audits not run are missing
+    from the report, so it is not complete), or an internal error."""
+    reason = session.shouldfail or session.shouldstop
+    if reason:
+        return str(reason)
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        return "interrupted"
+    if exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+        return "internal error"
+    return None
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -365,7 +476,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if unexpected:
         terminalreporter.write_line(f"{len(unexpected)} outcome(s) other than expected (marked '!').")
     if session.report_path:
-        terminalreporter.write_line(f"dp-audit JSON report: {session.report_path}")
+        stopped = config.stash.get(STOPPED_KEY, None)
+        terminalreporter.write_line(f"dp-audit JSON report: {session.report_path}" + (f" (incomplete: {stopped})" if stopped else ""))
     comparison = config.stash.get(COMPARISON_KEY, None)
     if comparison is not None:
         terminalreporter.write_sep("=", "dp-audit comparison with the baseline")

@@ -12,3 +12,7 @@ RESULT_PROPERTY = "dp_audit_result"
 SESSION_KEY = pytest.StashKey[AuditSession]()
 #: How many audits the session's plan counted for an item: the budget its audits are held to.
 PLANNED_KEY = pytest.StashKey[int]()
+#: ``--dp-audit-only`` (``"only"``), ``--dp-audit-skip`` (``"skip"``) or neither (``None``).
+SELECTION_KEY = pytest.StashKey["str | None"]()
+#: The virtual module of the ready-made audits (their node ids are ``dp-audit::<name>``).
+READY_MADE_MODULE = "dp-audit"
