@@ -115,10 +115,10 @@ import sys
 sys.path.insert(0, {str(REPO)!r})
 from dpverify.contract import ImplementationInfo
 from dpverify.registry import register_implementation
-from tests.doubles import Oblivious
+from tests.doubles import GaussianMechanism
 
 for name in ("steady", "drifted"):
-    register_implementation(Oblivious(claimed_epsilon=1.0, info=ImplementationInfo(name=name, library="numpy")))
+    register_implementation(GaussianMechanism(claimed_epsilon=1.0, info=ImplementationInfo(name=name, library="numpy")))
 """
 
 
@@ -169,9 +169,9 @@ def test_the_cli_compares_with_a_baseline(tmp_path, capsys):
     from dpverify.cli import main
     from dpverify.contract import ImplementationInfo
     from dpverify.registry import register_implementation, unregister_implementation
-    from tests.doubles import Oblivious
+    from tests.doubles import GaussianMechanism
 
-    register_implementation(Oblivious(claimed_epsilon=1.0, info=ImplementationInfo(name="cli-drifted", library="numpy")))
+    register_implementation(GaussianMechanism(claimed_epsilon=1.0, info=ImplementationInfo(name="cli-drifted", library="numpy")))
     try:
         base, now = tmp_path / "base.json", tmp_path / "now.json"
         assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "1", "--report", str(base)]) == 0
