@@ -12,6 +12,8 @@ import pytest
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 COMMANDS = [line.strip() for line in README.splitlines() if line.strip().startswith("dpverify audit ")]
+#: Each Python block by the file it names on its first line ("# conftest.py").
+FILES = {re.match(r"# (\S+?\.py)", block).group(1): block for block in PYTHON_BLOCKS}
 
 MYLIB = '''
 from types import SimpleNamespace
@@ -33,19 +35,21 @@ def my_accountant(sigma):
 
 
 def test_the_readme_has_the_examples_this_file_runs():
-    assert len(PYTHON_BLOCKS) == 2 and PYTHON_BLOCKS[0].startswith("# conftest.py")
-    assert COMMANDS
+    assert list(FILES) == ["conftest.py", "test_mine.py", "my_dpsgd.py", "test_contract.py", "test_drawn.py"]
+    assert len(FILES) == len(PYTHON_BLOCKS) and COMMANDS
 
 
 @pytest.mark.slow
 def test_the_conftest_and_test_examples_run_as_written(pytester):
+    """The user's conftest and tests, the hand-written DP-SGD through conformance and an audit, and a drawn
+    configuration's audit, as one user's project."""
     pytest.importorskip("torch")
-    pytester.makepyfile(mylib=MYLIB)
-    pytester.makeconftest(PYTHON_BLOCKS[0])
-    pytester.makepyfile(test_mine=PYTHON_BLOCKS[1])
+    pytester.makepyfile(mylib=MYLIB, **{name.removesuffix(".py"): block for name, block in FILES.items()})
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-seed=0", "-v")
-    result.assert_outcomes(passed=6)  # the two tests, the one-run audit and three two-world audits
+    # test_mine's two tests, test_contract's two and test_drawn's one, my-dpsgd's one-run audit and three two-world audits
+    result.assert_outcomes(passed=9)
     result.stdout.fnmatch_lines(["*test_every_registered[[]my-dpsgd[]] PASSED*", "*dp-audit[[]my-dpsgd[]] PASSED*"])
+    result.stdout.fnmatch_lines(["*test_an_audit_of_an_unregistered_trainer PASSED*", "*test_my_dpsgd_keeps_its_claim PASSED*"])
     for world in ("dataset_size", "realised_batch", "worst_case_record"):
         result.stdout.fnmatch_lines([f"*two-world[[]my-dpsgd-{world}[]] PASSED*"])
     assert "UserWarning" not in result.stdout.str()
@@ -57,7 +61,7 @@ def test_the_command_lines_run_as_written(command, tmp_path):
     """Each `dpverify audit` line, in a project laid out as the README's (its conftest in tests/)."""
     pytest.importorskip("opacus")
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "conftest.py").write_text(PYTHON_BLOCKS[0])
+    (tmp_path / "tests" / "conftest.py").write_text(FILES["conftest.py"])
     (tmp_path / "mylib.py").write_text(MYLIB)
     argv = shlex.split(command, comments=True)
     done = subprocess.run(
