@@ -27,8 +27,8 @@ from tests.test_audit import small_config
 
 DELTA = 1e-5
 # How far below the tightest valid upper bound the optimistic ε may lie. Measured over the whole grid
-# σ ∈ {0.8, 2, 4, 8} × q ∈ {2e-4, 1e-3, 1e-2, 1} × T ∈ {10, 1000, 5·10⁴}, both relations: at most 0.89 %
-# (σ = 0.8, q = 1, T = 10, replace-one, against the exact GDP ε), 0.2-0.3 % at q < 1 and σ >= 2.
+# σ ∈ {0.8, 2, 4, 8} × q ∈ {2e-4, 1e-3, 1e-2, 1} × T ∈ {10, 1000, 5·10⁴}, both relations: at most 0.65 %
+# (σ = 0.8, q = 2e-4, T = 5·10⁴, add/remove), 0.1-0.3 % at σ >= 2.
 CLOSENESS = 0.01
 # (σ, q, steps): typical claims, skewed per-step losses (σ = 0.8) and tiny ones (q = 2e-4 over 5·10⁴ steps).
 SETTINGS = [
