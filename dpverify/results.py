@@ -39,7 +39,8 @@ class AuditResult:
 
     - ``violation`` when ε_L > claimed ε or the curve test refutes the claimed curve: the claim is refuted
       at the stated confidence; or when the claim contradicts its own numbers (``claim_consistent`` false:
-      its ε is below the ε of its own σ, q and steps; ``claim_derivation`` says by how much);
+      its ε is below a certified lower bound on the ε of its own σ, q and steps; ``claim_derivation`` says
+      by how much);
     - ``undecided`` when neither test could refute the claim at this m (claimed ε ≥ ``optimal_epsilon``,
       ε_O, the most the (ε, δ) test could show, and the claimed curve out of reach even with every guess
       correct): the audit could never have failed; ``canaries_needed`` says how many canaries would make
