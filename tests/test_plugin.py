@@ -237,13 +237,13 @@ def test_a_marker_selects_the_data_dependent_design_and_the_report_carries_test_
 
         @pytest.mark.dp_audit(design="multitask", m=60, trigger_dimension=60, hidden_width=32, epochs=3, epsilon=1.0)
         def test_multitask(dp_audit):
-            result = dp_audit("opacus-ghost")
-            assert result.design == "multitask" and result.relation == "replace_one"
-            assert 0.0 < result.test_accuracy <= 1.0
+            dp_audit("opacus-ghost")
         """
     )
     report = tmp_path / "report.json"
     result = run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}")
-    result.assert_outcomes(passed=1)
+    # 60 canaries cannot see a 10× noise deficit: the pass is undecided, a skip; never refuted.
+    result.assert_outcomes(skipped=1)
     (audit,) = json.loads(report.read_text())["audits"]
-    assert audit["design"] == "multitask" and audit["test_accuracy"] is not None
+    assert audit["design"] == "multitask" and audit["relation"] == "replace_one"
+    assert 0.0 < audit["test_accuracy"] <= 1.0 and audit["verdict"] == "undecided" and audit["power"]["blind"]

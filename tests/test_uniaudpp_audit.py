@@ -40,7 +40,7 @@ def test_non_private_uniaudpp_reaches_the_two_sided_ceiling():
     assert 0.9 <= result.test_accuracy <= 1.0  # the main task keeps its utility (chance: 0.1)
 
 
-def test_missing_noise_is_caught_through_uniaudpp_while_opacus_passes():
+def test_missing_noise_is_caught_through_uniaudpp_while_opacus_is_not_refuted():
     # Claimed add/remove ε = 1 is replace-one ε ≈ 2.0 for this run (q = 1, 20 steps). Without noise the
     # tags are memorised: ε_L ≈ 3 (measured 3.0–3.4), caught with a margin of 1. Opacus itself is refuted
     # with probability at most 1 − confidence = 1 % (Theorem 1 at the Bonferroni-corrected level).
@@ -48,7 +48,8 @@ def test_missing_noise_is_caught_through_uniaudpp_while_opacus_passes():
     buggy = run_audit(get_implementation("opacus-no-noise"), config)
     correct = run_audit(get_implementation("opacus-ghost"), config)
     assert buggy.verdict == "violation", buggy.summary()
-    assert correct.verdict == "pass", correct.summary()
+    # Never refuted; with 300 tags a pass could not see a 10× noise deficit (ρ ≈ 0.3), so it is undecided.
+    assert correct.verdict in ("pass", "undecided"), correct.summary()
     assert buggy.claimed_epsilon == pytest.approx(correct.claimed_epsilon)
 
 
