@@ -141,6 +141,21 @@ def _smallest(refuted: Callable[[float], bool]) -> float:
     return high
 
 
+def _smallest_on_grids(refuted: Callable[[np.ndarray], np.ndarray]) -> float:
+    """:func:`_smallest` for a ``refuted`` that decides many k at once (one vectorised recursion costs about
+    what one k does): a log grid of 16 points on [1, LARGEST_DEFICIT], then 8 inside the bracketing step,
+    which locates k* to 2 %."""
+    grid = np.geomspace(1.0, LARGEST_DEFICIT, 16)
+    hits = refuted(grid)
+    if not hits[-1]:
+        return math.inf
+    first = int(np.argmax(hits))
+    if first == 0:
+        return 1.0
+    fine = np.geomspace(grid[first - 1], grid[first], 9)[1:]
+    return float(fine[int(np.argmax(np.append(refuted(fine[:-1]), True)))])
+
+
 def one_run_deficit(
     run: ClaimedRun,
     *,
@@ -165,19 +180,23 @@ def one_run_deficit(
     sizes = np.asarray(run_sizes)[:, None]
     curve = run.curve()
 
-    def refuted(k: float) -> bool:
-        mu = mu_at(k)
+    def refuted(deficits: np.ndarray) -> np.ndarray:
+        mu = np.array([mu_at(k) for k in deficits])[:, None]  # (J, 1) against the counts (K,)
         mean, sd = _correct_counts(total, counts, mu, guess_rule.sides)
         low = _percentile_counts(mean, sd, counts)
-        if np.any(steinke_refutes(total, counts, low, epsilon=claimed_epsilon, delta=delta, confidence=steinke)):
-            return True
-        mean, sd = _correct_counts(sizes, run_counts, mu, guess_rule.sides)
+        hits = np.any(steinke_refutes(total, counts, low, epsilon=claimed_epsilon, delta=delta, confidence=steinke), axis=1)
+        if hits.all():
+            return hits
+        if len(run_sizes) == 1:  # one run: the curve test reads the same counts
+            return hits | np.any(curve_refutes(total, counts, low, curve=curve, confidence=curve_level), axis=1)
+        mean, sd = _correct_counts(sizes, run_counts, mu[:, :, None], guess_rule.sides)  # (J, R, K)
         low = _percentile_counts(mean, sd / math.sqrt(len(run_sizes)), run_counts)
-        if len(run_sizes) == 1:
-            return bool(np.any(curve_refutes(total, run_counts[0], low[0], curve=curve, confidence=curve_level)))
-        return bool(np.any(combined_refutes(run_sizes, run_counts, low, curve=curve, confidence=curve_level)))
+        runs, tries = run_counts.shape
+        flat = low.transpose(1, 0, 2).reshape(runs, -1)  # (R, J·K): every deficit's counts side by side
+        combined = combined_refutes(run_sizes, np.tile(run_counts, (1, len(deficits))), flat, curve=curve, confidence=curve_level)
+        return hits | np.any(combined.reshape(len(deficits), tries), axis=1)
 
-    return _smallest(refuted)
+    return _smallest_on_grids(refuted)
 
 
 def _percentile_counts(mean: np.ndarray, sd: np.ndarray, counts: np.ndarray) -> np.ndarray:
