@@ -21,8 +21,8 @@ z₀.₈ = 0.84 standard deviations (per run over √R when R pooled runs are co
 statistic adds the runs), is put through the audit's own decision (both tests, the same levels). One count
 refuting at its 20th percentile refutes with probability ≥ 0.8, so k* errs towards the larger deficit.
 Two-world audits (:func:`two_world_deficit`) simulate their runs' scores and run their own test. Either
-way k* is a model's prediction; benchmarks/results/power-check.md measures it against real noise-deficit
-detection rates.
+way k* is a model's prediction: benchmarks/results/power-check.md measures it against simulated audits
+through the same decision, and noise-deficit-power.md against real noise deficits in opacus-ghost.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = ["AuditPower", "Separation", "gdp_mu", "judge", "measure_power", "one_
 POWER = 0.8
 #: The largest deficit looked for: an audit that cannot catch a 10× noise deficit could not see.
 LARGEST_DEFICIT = 10.0
-#: How precisely k* is located (relative).
+#: How precisely :func:`two_world_deficit`'s bisection locates k* (relative).
 _DEFICIT_TOLERANCE = 0.03
 _Z_POWER = float(special.ndtri(POWER))
 #: Simulated audits per deficit in :func:`two_world_deficit` (common random numbers across deficits).
