@@ -135,6 +135,7 @@ def test_a_trainer_that_builds_its_own_model_gets_no_green_pass():
 
 
 def test_the_plot_shows_the_signal_and_the_smallest_deficit():
+    pytest.importorskip("matplotlib")
     from dpverify.plots import _power
 
     result = run_audit(GaussianMechanism(), _dirac(m=400, dimension=400))
