@@ -75,7 +75,7 @@ def test_third_party_implementation_is_audited_and_a_leak_fails_with_an_actionab
             f"*dpverify: DP audits on (profile quick, seed 11, device {resolve_device('auto')}*",
             "*leaky: verdict VIOLATION (inclusion design, add_remove relation)*",
             "*Reproduce with: pytest --dp-audit --dp-audit-seed 11 --dp-audit-profile quick --dp-audit-epsilon 2 "
-            '--dp-audit-device auto --dp-audit-confidence-per-audit 0.975 --dp-audit-implementations leaky -k "dp-audit[[]leaky[]]"*',
+            '--dp-audit-device auto --dp-audit-confidence-per-audit 0.975 --dp-audit-implementations leaky "dp-audit::dp-audit[[]leaky[]]"*',
             "*dp-audit summary*",
             "*leaky*violation !*",
             "*third-party-private*pass*",

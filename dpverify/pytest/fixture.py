@@ -133,7 +133,7 @@ def reproduce_hint(session: AuditSession, node: Any, implementation: Implementat
     if any(registered is implementation for registered in registered_implementations()):
         parts.append(f"--dp-audit-implementations {implementation.info.name}")
     parts += [f"--dp-audit-set '{name}={value!r}'" for name, value in session.settings.items()]
-    parts.append(f'-k "{node.name}"' if node.nodeid.startswith("dp-audit::") else f'"{node.nodeid}"')
+    parts.append(f'"{node.nodeid}"')  # a ready-made audit's node id selects it too (dp-audit::dp-audit[name])
     return " ".join(parts)
 
 
