@@ -9,11 +9,10 @@ import pytest
 from scipy import optimize
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import _correct_counts
 from dpverify.config import profile_config
-from dpverify.stats.bounds import _gdp_epsilon, steinke_refutes
-from dpverify.stats.curves import ClaimedRun, curve_refutes
-from dpverify.stats.power import LARGEST_DEFICIT, gdp_mu, one_run_deficit, separation
+from dpverify.stats.bounds import _gdp_epsilon
+from dpverify.stats.curves import ClaimedRun
+from dpverify.stats.power import LARGEST_DEFICIT, gdp_mu, one_run_deficit, separation, simulated_detection
 from dpverify.stats.scoring import GuessRule
 from dpverify.contract import ImplementationInfo
 from tests.doubles import GaussianMechanism, NumpyDPSGD, Oblivious
@@ -52,19 +51,11 @@ def test_gdp_mu_is_exact_at_full_batch_and_the_central_limit_one_below():
 
 
 def _caught(run: ClaimedRun, epsilon: float, m: int, deficit: float, audits: int, rng) -> float:
-    """The share of ``audits`` simulated audits (m Gaussian-shift scores at the claimed μ times ``deficit``,
-    secret bits drawn fresh) that the audit's own decision refutes: either test, the grid's correction."""
-    steinke, curve = (RULE.corrected_confidence(c) for c in CONFIDENCES)
-    counts, caught = RULE.counts(m), 0
-    for _ in range(audits):
-        bits = rng.choice(np.array([-1, 1], dtype=np.int8), size=m)
-        scores = rng.standard_normal(m) + deficit * run.mu * (bits == 1)
-        correct = _correct_counts(scores, bits, counts, RULE.sides)
-        caught += bool(
-            np.any(steinke_refutes(m, counts, correct, epsilon=epsilon, delta=1e-5, confidence=steinke))
-            or np.any(curve_refutes(m, counts, correct, curve=run.curve(), confidence=curve))
-        )
-    return caught / audits
+    """The share of ``audits`` simulated audits of m canaries in one run refuted by the audit's own decision."""
+    return simulated_detection(
+        run, deficit=deficit, run_sizes=(m,), guess_rule=RULE, claimed_epsilon=epsilon, delta=1e-5,
+        confidences=CONFIDENCES, audits=audits, rng=rng,
+    )  # fmt: skip
 
 
 def test_the_predicted_smallest_deficit_is_caught_by_the_audits_own_decision():

@@ -38,7 +38,7 @@ from dpverify.stats.curves import (
     curve_test,
 )
 from dpverify.stats.power import judge, measure_power, one_run_deficit
-from dpverify.stats.scoring import GuessRule, count_correct, guesses_from_scores
+from dpverify.stats.scoring import GuessRule, correct_counts
 
 Progress = Callable[[str], None]
 
@@ -518,7 +518,7 @@ def guess_and_bound(
     rule's Bonferroni-corrected ``confidence``, so the maximum keeps ``confidence``."""
     m = int(scores.shape[0])
     counts = guess_rule.counts(m)
-    corrects = _correct_counts(scores, membership, counts, guess_rule.sides)
+    corrects = correct_counts(scores, membership, counts, sides=guess_rule.sides)
     confidence = guess_rule.corrected_confidence(confidence)
     bounds = np.atleast_1d(epsilon_lower_bound(m, counts, corrects, delta=delta, confidence=confidence))
     rows = tuple((int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds))
@@ -565,16 +565,11 @@ def curve_outcome(
     else:
         guesses = guess_rule.run_counts(run_sizes)
         parts = np.split(np.arange(scores.shape[0]), np.cumsum(run_sizes)[:-1])
-        correct = np.array([_correct_counts(scores[i], membership[i], row, guess_rule.sides) for i, row in zip(parts, guesses)])
+        correct = np.array([correct_counts(scores[i], membership[i], row, sides=guess_rule.sides) for i, row in zip(parts, guesses)])
         result = combined_curve_test(run_sizes, guesses, correct, claim=run, delta=delta, confidence=per_count)
     return CurveOutcome(
         result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, len(run_sizes)
     )
-
-
-def _correct_counts(scores: np.ndarray, membership: np.ndarray, counts, sides) -> np.ndarray:
-    """Correct guesses at each of ``counts``, guessing from ``scores`` against the secret bits ``membership``."""
-    return np.array([count_correct(guesses_from_scores(scores, int(k), sides=sides), membership) for k in counts])
 
 
 def decide_verdict(
@@ -604,10 +599,12 @@ def concluded_result(
     clock: AuditClock,
     test_accuracy: float | None = None,
     run_sizes: tuple[int, ...] | None = None,
+    not_designated: str | None = None,
 ) -> AuditResult:
     """Both tests and the verdict of ``scores`` against ``membership``, as the audit's result; ``claim`` is
     :func:`claimed_epsilon` of ``trained`` in the design's relation. Both tests use the δ the claim holds at
-    (design rule 8), and a claim that contradicts its own numbers is a violation whatever the scores."""
+    (design rule 8), and a claim that contradicts its own numbers is a violation whatever the scores.
+    ``not_designated``: why a run's black box is not the designated model (see :class:`ScoredRun`)."""
     m = fields["m"]
     claimed, derivation = claim
     delta = trained.claim.delta
@@ -640,7 +637,7 @@ def concluded_result(
             confidences=(steinke_confidence, curve_confidence),
         ),
         expected_signal=expected_signal(config),
-        not_designated=trained.not_designated,
+        not_designated=not_designated,
     )
     verdict, power = judge(verdict, power)
     inconsistency = claim_inconsistency(trained.claim)
@@ -812,13 +809,14 @@ def conclude_runs(
         return concluded_result(
             fields,
             config,
-            next((run for run in pooled if run.not_designated), pooled[0]),
+            pooled[0],
             np.concatenate([run.scores for run in pooled]),
             np.concatenate([run.membership for run in pooled]),
             claim=first_claim,
             clock=clock,
             test_accuracy=pooled[0].test_accuracy if len(pooled) == 1 else None,
             run_sizes=tuple(len(run.scores) for run in pooled),
+            not_designated=next((run.not_designated for run in pooled if run.not_designated), None),
         )
     except AuditFailure as failure:
         return error_result(fields, config, failure, device=device, clock=clock)

@@ -314,12 +314,13 @@ def run_two_world_audit(
     if all(c is not None for c in curves):
         curve = curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
 
-    def refutes(d: np.ndarray, dprime: np.ndarray) -> bool:
+    def tested(d, dprime) -> tuple[TwoWorldBound, bool]:
+        """Both tests of one pair of score samples, and whether either refutes the claim: the audit's verdict
+        on its runs, and on the runs :func:`two_world_deficit` simulates."""
         bound = two_world_bound(d, dprime, delta=delta, confidence=confidence, claimed_curve=curve)
-        return bound.epsilon_lower_bound > claimed or bound.refutes
+        return bound, bound.epsilon_lower_bound > claimed or bound.refutes
 
-    bound = two_world_bound(scores["d"], scores["dprime"], delta=delta, confidence=confidence, claimed_curve=curve)
-    violated = bound.epsilon_lower_bound > claimed or bound.refutes
+    bound, violated = tested(scores["d"], scores["dprime"])
     cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=confidence))
     verdict = "violation" if violated else "undecided" if cannot else "pass"
     weakest = max(runs_claimed, key=gdp_mu)  # the claim the worlds' pair asserts least of
@@ -328,7 +329,7 @@ def run_two_world_audit(
         np.array(scores["d"] + scores["dprime"]),
         np.repeat([-1, 1], [len(scores["d"]), len(scores["dprime"])]),
         smallest_deficit=lambda fraction: two_world_deficit(
-            weakest, fraction=fraction, runs=runs, refutes=refutes, seed=seed
+            weakest, fraction=fraction, runs=runs, refutes=lambda d, dprime: tested(d, dprime)[1], seed=seed
         ),
         either_direction=True,
     )

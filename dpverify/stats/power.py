@@ -37,9 +37,9 @@ from scipy import special
 
 from dpverify.stats.bounds import steinke_refutes
 from dpverify.stats.curves import ClaimedRun, combined_refutes, curve_refutes
-from dpverify.stats.scoring import GuessRule
+from dpverify.stats.scoring import GuessRule, correct_counts
 
-__all__ = ["AuditPower", "Separation", "gdp_mu", "judge", "measure_power", "one_run_deficit", "separation", "two_world_deficit"]
+__all__ = ["AuditPower", "Separation", "gdp_mu", "judge", "measure_power", "one_run_deficit", "separation", "simulated_detection", "two_world_deficit"]
 
 #: The detection probability k* promises.
 POWER = 0.8
@@ -182,14 +182,14 @@ def one_run_deficit(
 
     def refuted(deficits: np.ndarray) -> np.ndarray:
         mu = np.array([mu_at(k) for k in deficits])[:, None]  # (J, 1) against the counts (K,)
-        mean, sd = _correct_counts(total, counts, mu, guess_rule.sides)
+        mean, sd = _expected_correct(total, counts, mu, guess_rule.sides)
         low = _percentile_counts(mean, sd, counts)
         hits = np.any(steinke_refutes(total, counts, low, epsilon=claimed_epsilon, delta=delta, confidence=steinke), axis=1)
         if hits.all():
             return hits
         if len(run_sizes) == 1:  # one run: the curve test reads the same counts
             return hits | np.any(curve_refutes(total, counts, low, curve=curve, confidence=curve_level), axis=1)
-        mean, sd = _correct_counts(sizes, run_counts, mu[:, :, None], guess_rule.sides)  # (J, R, K)
+        mean, sd = _expected_correct(sizes, run_counts, mu[:, :, None], guess_rule.sides)  # (J, R, K)
         low = _percentile_counts(mean, sd / math.sqrt(len(run_sizes)), run_counts)
         runs, tries = run_counts.shape
         flat = low.transpose(1, 0, 2).reshape(runs, -1)  # (R, J·K): every deficit's counts side by side
@@ -199,12 +199,48 @@ def one_run_deficit(
     return _smallest_on_grids(refuted)
 
 
+def simulated_detection(
+    run: ClaimedRun,
+    *,
+    deficit: float,
+    run_sizes: tuple[int, ...],
+    guess_rule: GuessRule,
+    claimed_epsilon: float,
+    delta: float,
+    confidences: tuple[float, float],
+    audits: int,
+    rng: np.random.Generator,
+) -> float:
+    """The share of ``audits`` simulated one-run audits that the audit's own decision refutes when the full
+    batch ``run`` (exactly μ-GDP) adds σ/``deficit``: each pooled run draws fresh secret bits and scores,
+    members N(deficit·μ, 1) against N(0, 1), and guesses with ``guess_rule``; either test, at
+    ``confidences`` as :func:`one_run_deficit` takes them. What :func:`one_run_deficit` predicts is checked
+    against this (tests/test_power.py, benchmarks/power_check.py)."""
+    steinke, curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
+    total, run_counts, caught = int(sum(run_sizes)), guess_rule.run_counts(run_sizes), 0
+    counts = guess_rule.counts(total)
+    for _ in range(audits):
+        bits = [rng.choice(np.array([-1, 1], dtype=np.int8), size=m) for m in run_sizes]
+        scores = [rng.standard_normal(m) + deficit * run.mu * (b == 1) for m, b in zip(run_sizes, bits)]
+        correct = correct_counts(np.concatenate(scores), np.concatenate(bits), counts, sides=guess_rule.sides)
+        if np.any(steinke_refutes(total, counts, correct, epsilon=claimed_epsilon, delta=delta, confidence=steinke)):
+            caught += 1
+            continue
+        per_run = np.array([correct_counts(s, b, row, sides=guess_rule.sides) for s, b, row in zip(scores, bits, run_counts)])
+        if len(run_sizes) == 1:
+            refuted = curve_refutes(total, run_counts[0], per_run[0], curve=run.curve(), confidence=curve_level)
+        else:
+            refuted = combined_refutes(run_sizes, run_counts, per_run, curve=run.curve(), confidence=curve_level)
+        caught += bool(np.any(refuted))
+    return caught / audits
+
+
 def _percentile_counts(mean: np.ndarray, sd: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """The counts' 20th percentile (normal approximation), as integers in [0, count]."""
     return np.clip(np.floor(mean - _Z_POWER * sd), 0, counts).astype(np.int64)
 
 
-def _correct_counts(m, counts, mu: float, sides: str) -> tuple[np.ndarray, np.ndarray]:
+def _expected_correct(m, counts, mu: float, sides: str) -> tuple[np.ndarray, np.ndarray]:
     """Mean and standard deviation of the correct guesses among ``counts`` guesses on ``m`` canaries, half
     of them members scored N(μ, 1) and the rest N(0, 1): ⌈count/2⌉ "member" guesses on the top scores
     (``sides="one"``: all of them) and the rest "non-member" guesses on the bottom ones, each end's

@@ -91,6 +91,11 @@ def count_correct(guesses: np.ndarray, membership: np.ndarray) -> int:
     return int(np.count_nonzero(guesses * membership > 0))
 
 
+def correct_counts(scores: np.ndarray, membership: np.ndarray, counts, *, sides: Sides = "two") -> np.ndarray:
+    """Correct guesses at each of ``counts``, guessing from ``scores`` against the secret bits ``membership``."""
+    return np.array([count_correct(guesses_from_scores(scores, int(k), sides=sides), membership) for k in counts])
+
+
 @dataclass(frozen=True, kw_only=True)
 class GuessRule:
     """How many guesses an audit makes, declared before any score is seen.
