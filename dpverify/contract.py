@@ -338,7 +338,11 @@ class ImplementationInfo:
     never hidden. ``task`` says what it trains: ``classification`` (a :class:`TrainingRequest` for the
     MLP) or ``language`` (token sequences for a small causal transformer). ``microbatches`` says the
     implementation can group records into microbatches (TF-Privacy's ``num_microbatches``), so the default
-    gate also runs the two-world microbatch world on it.
+    gate also runs the two-world microbatch world on it. ``designated_normaliser`` says it can divide by
+    the public normaliser the auditor designates (:attr:`DPHyperparameters.expected_batch_size`) on datasets
+    of any size; an API whose batch size is both its normaliser and, over the dataset's size, its sampling
+    rate (JAX-Privacy's Keras API) cannot, so the two-world worlds, which designate one normaliser for two
+    datasets of different sizes, do not apply to it.
     """
 
     name: str
@@ -353,6 +357,7 @@ class ImplementationInfo:
     issue: str | None = None
     notes: str = ""
     microbatches: bool = False
+    designated_normaliser: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

@@ -22,8 +22,9 @@ def applicable_worlds(info: ImplementationInfo) -> tuple[str, ...]:
     """The worlds that apply to an implementation: to one expected private (or with a known issue), the
     dataset-size, realised-batch and worst-case-record worlds, and the microbatch world when it has
     microbatches; to a buggy variant, the worlds built for its bugs.md row (:data:`WORLD_BUGS`); to a
-    language model, none (the worlds are classification datasets)."""
-    if info.task != "classification":
+    language model, none (the worlds are classification datasets), nor to an implementation that cannot take
+    a designated normaliser (:attr:`~dpverify.contract.ImplementationInfo.designated_normaliser`)."""
+    if info.task != "classification" or not info.designated_normaliser:
         return ()
     if info.expected == "violation":
         return tuple(world for world in WORLD_KINDS if info.bug in WORLD_BUGS[world])

@@ -1,0 +1,206 @@
+"""JAX-Privacy 2.0 under audit: its core API, its Keras API, and deliberately buggy variants of each.
+
+``jax-privacy-core`` trains the designated model with the library's building blocks: Poisson batches from
+``batch_selection.CyclicPoissonSampling``, padded and masked with ``is_padding_example``; the clipped sum
+from ``jax_privacy.clipped_grad``; noise from ``noise_addition.gaussian_privatizer``; the claim from the
+library's ``DpsgdTrainingAccountant`` (PLD, as its Keras API configures it). ``jax-privacy-keras`` trains a
+Keras 3 model (JAX backend) made private with ``keras_api.make_private``, Poisson sampling in ``fit``.
+The variants change one of the library's two DP calls on either path (:mod:`dpverify_jaxprivacy._steps`).
+
+``jax-privacy-keras-accumulation`` is the unmodified 2.0.0 Keras API with gradient accumulation and a
+noise multiplier of the user's (the smallest its config accepts): its config checks the noise against the
+physical batch while training samples at the accumulated one, so it states an ε its run does not have
+(fixed upstream after the release, google-deepmind/jax_privacy PR #287). ``jax-privacy-keras-shuffled`` is
+the Keras API as its default leaves it (``poisson_sampling_in_fit=False``): fixed-size batches of a shuffled
+dataset, accounted as Poisson (jax_privacy #84).
+
+This module imports neither jax nor jax_privacy: listing implementations works without them.
+"""
+
+from __future__ import annotations
+
+from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest
+
+__all__ = ["JaxPrivacy", "implementations"]
+
+#: The library's two training paths.
+PATHS: tuple[str, ...] = ("core", "keras")
+
+_LIBRARY = dict(library="jax-privacy", requires=("jax", "jax_privacy", "keras"), extra="jax-privacy")
+#: The Keras API's batch size is its normaliser and, over train_size, its sampling rate: it takes no
+#: designated normaliser, so no two-world world applies (ImplementationInfo.designated_normaliser).
+_KERAS = dict(_LIBRARY, designated_normaliser=False)
+
+_CORE_NOTES = (
+    "jax_privacy core API: batch_selection.CyclicPoissonSampling(sampling_prob=q, iterations=steps) batches, "
+    "padded with pad_to_multiple_of (64, or a quarter of the octave above 256) and masked with is_padding_example; jax_privacy.clipped_grad("
+    "l2_clip_norm=C, rescale_to_unit_norm=True) sums per-example gradients clipped to C over unit norm; "
+    "noise_addition.gaussian_privatizer(stddev=σ·l2_norm_bound) adds fresh noise; SGD update lr·C·noisy sum / "
+    "normaliser (the designated public normaliser, else qN). Claim: jax_privacy.accounting."
+    "DpsgdTrainingAccountant (PLD, discretisation 1e-3, add/remove); calibration with its "
+    "calibrate_noise_multiplier."
+)
+
+_KERAS_NOTES = (
+    "jax_privacy.keras_api.make_private on a Keras 3 model (JAX backend), DPKerasConfig(batch_size=qN, "
+    "gradient_accumulation_steps=1, train_steps=steps, train_size=N, poisson_sampling_in_fit=True, "
+    "rescale_to_unit_norm=True (its default)), SGD with learning rate lr·C (undoing the unit rescale); "
+    "fit(epochs=1, steps_per_epoch=steps). The library's fit draws Poisson batches with probability "
+    "batch_size/train_size, pads them, clips with clipped_grad(normalize_by=batch_size) and adds "
+    "gaussian_privatizer noise in its own train_step. Claim: its accountant, as for jax-privacy-core. "
+    "The model and its traced train step are built once per configuration and process and reused by every "
+    "run: weights, optimizer state, step counter and noise key are reset each run."
+)
+
+
+class JaxPrivacy(Implementation):
+    """JAX-Privacy on ``path`` with the DP step ``step`` (``_steps.DP_STEPS``)."""
+
+    def __init__(
+        self, info: ImplementationInfo, step: str = "correct", *, path: str = "core", call: dict | None = None
+    ) -> None:
+        if path not in PATHS:
+            raise ValueError(f"unknown JAX-Privacy path {path!r}; expected one of {', '.join(PATHS)}")
+        if call and path != "keras":
+            raise ValueError("only the Keras path takes a call (accumulation, poisson, user_noise)")
+        self.info = info
+        self.step = step
+        self.path = path
+        self.call = dict(call or {})
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        if self.path == "keras":
+            from dpverify_jaxprivacy._keras import KerasCall, train_keras
+
+            try:
+                run = train_keras(request, self.step, KerasCall(**self.call))
+            except (FloatingPointError, ValueError) as exc:
+                raise RuntimeError(f"{self.info.name}: {exc}") from exc
+            return TrainedModel(predict_log_proba=run.predict_log_proba, claim=run.claim, device=_device())
+        return self._train_core(request)
+
+    def _train_core(self, request: TrainingRequest) -> TrainedModel:
+        from dpverify_jaxprivacy import _accounting
+
+        hp = request.hyperparameters
+        try:
+            if hp.noise_multiplier is not None:
+                sigma = float(hp.noise_multiplier)
+            else:
+                sigma = _accounting.calibrate_noise_multiplier(
+                    hp.target_epsilon, *_accounting.batch_and_size(hp.sampling_rate), hp.steps, hp.delta
+                )
+            claim = _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta)
+        except Exception as exc:
+            raise RuntimeError(f"{self.info.name}: JAX-Privacy's accountant could not state a claim: {exc}") from exc
+        from dpverify_jaxprivacy._core import train_core
+
+        try:
+            predict = train_core(request, self.step, sigma)
+        except (FloatingPointError, ValueError) as exc:
+            raise RuntimeError(f"{self.info.name}: {exc}") from exc
+        return TrainedModel(predict_log_proba=predict, claim=claim, device=_device())
+
+
+def _device() -> str:
+    """Where JAX ran: ``cuda`` on a GPU backend, else ``cpu``."""
+    import jax
+
+    return "cuda" if jax.default_backend() == "gpu" else "cpu"
+
+
+#: What each variant breaks.
+_BREAKS = {
+    "no_noise": (1, "Gaussian noise N(0, σ²C²) must be added to the sum of clipped rows every step; none is."),
+    "no_clipping": (
+        2,
+        "Each per-example gradient row must be clipped to norm C before summing; rows pass unclipped while the "
+        "noise stays σ times the nominal bound.",
+    ),
+    "noise_for_mean": (
+        3,
+        "The noise on the sum of clipped rows must have standard deviation σ·C; it is σ·C/B, the noise meant "
+        "for the mean of B rows.",
+    ),
+    "noise_for_clip_norm": (
+        2,
+        "The noise must be σ times the clipped sum's sensitivity (clipped_grad's l2_norm_bound, 1 with "
+        "rescale_to_unit_norm); it is σ·C, computed from the clip norm, which at C < 1 is C times too little.",
+    ),
+}
+
+_HOW = {
+    "no_noise": "gaussian_privatizer is built with stddev 0 while the accountant is given σ.",
+    "no_clipping": "clipped_grad clips at 1e30 and its callable states the nominal l2_norm_bound.",
+    "noise_for_mean": "gaussian_privatizer's stddev is divided by the batch size B.",
+    "noise_for_clip_norm": "gaussian_privatizer's stddev is σ·C instead of σ·l2_norm_bound (= σ after the unit rescale).",
+}
+
+_DETECTABILITY = {"no_noise": "D1", "no_clipping": "D1", "noise_for_mean": "D1", "noise_for_clip_norm": "D2"}
+
+
+def _variant(path: str, step: str) -> JaxPrivacy:
+    bug, breaks = _BREAKS[step]
+    info = ImplementationInfo(
+        name=f"jax-privacy{'-keras' if path == 'keras' else ''}-{step.replace('_', '-')}",
+        expected="violation",
+        breaks=breaks,
+        bug=bug,
+        detectability=_DETECTABILITY[step],
+        notes=f"{_HOW[step]} The claim is the correct run's. " + (_KERAS_NOTES if path == "keras" else _CORE_NOTES),
+        **(_KERAS if path == "keras" else _LIBRARY),
+    )
+    return JaxPrivacy(info, step, path=path)
+
+
+_ACCUMULATION_NOTES = (
+    "jax_privacy.keras_api as above, called as its documentation shows with gradient accumulation: "
+    "DPKerasConfig(batch_size=qN/8 rounded down, gradient_accumulation_steps=8, train_steps=8·steps, "
+    "train_size=8·batch_size (the last N mod 8 records are left out, so every run states q = 1/8 exactly "
+    "and pooled runs make one claim), poisson_sampling_in_fit=True) and the user's noise_multiplier: the smallest the config accepts for the "
+    "target ε (bisection on DPKerasConfig itself). Its _validate_params accounts that σ at the physical batch "
+    "(q = batch_size/train_size), while fit samples and noises per physical batch with σ/√8 and the "
+    "optimizer averages 8 of them per update, so the config states an ε the run does not have. The claim is "
+    "the library's accountant on the numbers its check used."
+)
+
+_SHUFFLED_NOTES = (
+    "jax_privacy.keras_api as above with its default poisson_sampling_in_fit=False: fit(shuffle=True) "
+    "walks fixed-size batches of a shuffled dataset while the accountant assumes Poisson sampling. "
+    "At q = 1 (the default profiles) the two coincide, so the audit cannot see the difference there; the "
+    "shuffled batches' privacy differs only at q < 1 (bugs.md row 9, D3)."
+)
+
+
+def implementations() -> list[Implementation]:
+    """The entry point ``dpverify_jaxprivacy:implementations``; imports no jax."""
+    return (
+        [
+            JaxPrivacy(ImplementationInfo(name="jax-privacy-core", notes=_CORE_NOTES, **_LIBRARY)),
+            JaxPrivacy(ImplementationInfo(name="jax-privacy-keras", notes=_KERAS_NOTES, **_KERAS), path="keras"),
+            JaxPrivacy(
+                ImplementationInfo(
+                    name="jax-privacy-keras-accumulation",
+                    expected="known-issue",
+                    issue="https://github.com/google-deepmind/jax_privacy/pull/287",
+                    notes=_ACCUMULATION_NOTES,
+                    **_KERAS,
+                ),
+                path="keras",
+                call=dict(accumulation=8, user_noise=True),
+            ),
+            JaxPrivacy(
+                ImplementationInfo(
+                    name="jax-privacy-keras-shuffled",
+                    expected="known-issue",
+                    issue="https://github.com/google-deepmind/jax_privacy/issues/84",
+                    notes=_SHUFFLED_NOTES,
+                    **_KERAS,
+                ),
+                path="keras",
+                call=dict(poisson=False),
+            ),
+        ]
+        + [_variant("core", step) for step in _BREAKS]
+        + [_variant("keras", step) for step in _BREAKS]
+    )

@@ -1,0 +1,139 @@
+"""DP-SGD on JAX-Privacy's core API (imports jax and jax_privacy).
+
+One run: ``batch_selection.CyclicPoissonSampling`` (cycle length 1: Poisson sampling with rate q, exactly
+``steps`` batches) draws each step's records; the batch is padded with ``pad_to_multiple_of`` (see :func:`padding_multiple`) and
+the padding marked with ``is_padding_example``, so one traced step serves a range of batch sizes; ``clipped_grad`` sums the per-example gradients of the designated model, each
+clipped to C and rescaled to unit norm; ``gaussian_privatizer(stddev=σ · l2_norm_bound)`` adds the noise; the
+update is ``lr · C · noisy sum / normaliser`` (the C undoes the unit rescale, so the update is the designated
+one: lr times the noisy sum of rows clipped to C, over the public normaliser).
+
+The traced step depends only on the configuration (model shape, C, the variant), never on a run's data or
+seed: it is built once per configuration and process and reused by every run, which is what makes a
+two-world audit's hundreds of tiny runs cost milliseconds each. Each run gets its own privatizer state, a
+PRNG key derived from its seed.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+from dpverify_jaxprivacy._jax import jax, jnp
+
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax_privacy import batch_selection  # noqa: E402
+from scipy.special import log_softmax  # noqa: E402
+
+from dpverify.contract import TrainingRequest  # noqa: E402
+from dpverify_jaxprivacy._steps import DPStep  # noqa: E402
+
+__all__ = ["padding_multiple", "Seeds", "seeds_for", "init_params", "logits", "black_box", "train_core"]
+
+def padding_multiple(batch_size: int) -> int:
+    """What a batch of ``batch_size`` records is padded to a multiple of: 64, or a quarter of the largest power
+    of two below it, so at most four padded sizes serve each octave of batch sizes (a traced step costs
+    seconds to compile, a padded row a fraction of a millisecond; a full-batch run of N ≈ 1250 ± 25 canaries
+    is padded to 1280, sometimes 1536, instead of a new size per run)."""
+    return max(64, 2 ** max(0, int(batch_size).bit_length() - 3))
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """Independent seeds for a run's model init, sampling and noise, derived from one request seed."""
+
+    init: int
+    sampling: int
+    noise: int
+
+
+def seeds_for(seed: int) -> Seeds:
+    init, sampling, noise = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint32)
+    return Seeds(init=int(init), sampling=int(sampling), noise=int(noise))
+
+
+def init_params(request: TrainingRequest, seed: int) -> dict[str, jax.Array]:
+    """The designated model's parameters: softmax regression (one affine layer) starting at zero, or the
+    ``d -> h -> C`` ReLU MLP with Glorot-uniform kernels and zero biases (Keras' default initialisation)."""
+    if request.num_tags:
+        raise ValueError("the JAX-Privacy trainers take no UniAud++ tags; audit them with the synthetic designs")
+    d, c, h = request.dimension, request.num_classes, request.architecture.hidden_width
+    if request.architecture.is_softmax_regression:
+        return {"w": jnp.zeros((d, c), jnp.float32), "b": jnp.zeros((c,), jnp.float32)}
+    glorot = jax.nn.initializers.glorot_uniform()
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return {
+        "w1": glorot(k1, (d, h), jnp.float32),
+        "b1": jnp.zeros((h,), jnp.float32),
+        "w": glorot(k2, (h, c), jnp.float32),
+        "b": jnp.zeros((c,), jnp.float32),
+    }
+
+
+def logits(params: dict[str, jax.Array], features: jax.Array) -> jax.Array:
+    hidden = jax.nn.relu(features @ params["w1"] + params["b1"]) if "w1" in params else features
+    return hidden @ params["w"] + params["b"]
+
+
+def black_box(params: dict[str, jax.Array]) -> Callable[[np.ndarray], np.ndarray]:
+    """``predict_log_proba`` of the trained parameters: float32 logits computed in numpy (a jitted forward
+    would be traced anew for every query shape), log-softmax in float64 (small gaps between
+    log-probabilities are the audit's signal)."""
+    weights = {name: np.asarray(value) for name, value in params.items()}
+
+    def predict_log_proba(features: np.ndarray) -> np.ndarray:
+        out = np.asarray(features, dtype=np.float32)
+        if "w1" in weights:
+            out = np.maximum(out @ weights["w1"] + weights["b1"], 0.0)
+        return log_softmax((out @ weights["w"] + weights["b"]).astype(np.float64), axis=1)
+
+    return predict_log_proba
+
+
+@functools.lru_cache(maxsize=64)
+def _traced_step(step: DPStep, noise_multiplier: float):
+    """The jitted DP step for one configuration: (params, noise state, x, y, padding, scale) -> (params,
+    noise state)."""
+
+    def example_loss(params, features, labels):
+        return optax.softmax_cross_entropy_with_integer_labels(logits(params, features), labels).sum()
+
+    clipped_sum = step.clipped_grad(
+        example_loss, l2_clip_norm=step.clip_norm, rescale_to_unit_norm=True, batch_argnums=(1, 2)
+    )
+    # The update reads only the state it is given, never the key the privatizer was built with.
+    privatizer = step.privatizer(stddev=noise_multiplier * clipped_sum.l2_norm_bound, prng_key=0)
+
+    @jax.jit
+    def dp_step(params, noise_state, features, labels, is_padding, scale):
+        grads = clipped_sum(params, features, labels, is_padding_example=is_padding)
+        noisy, noise_state = privatizer.update(grads, noise_state)
+        return jax.tree.map(lambda p, g: p - scale * g, params, noisy), noise_state
+
+    return privatizer, dp_step
+
+
+def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> Callable[[np.ndarray], np.ndarray]:
+    """Train the designated model with JAX-Privacy's core API and the DP step ``kind``; the black box."""
+    hp = request.hyperparameters
+    normaliser = hp.normaliser(request.num_records)
+    step = DPStep(kind=kind, clip_norm=float(hp.max_grad_norm), batch_size=float(normaliser))
+    privatizer, dp_step = _traced_step(step, float(noise_multiplier))
+    seeds = seeds_for(request.seed)
+    params = init_params(request, seeds.init)
+    noise_state = (jax.random.key(seeds.noise), privatizer.init(params)[1])
+    scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / normaliser)
+    sampler = batch_selection.CyclicPoissonSampling(sampling_prob=hp.sampling_rate, iterations=hp.steps)
+    features, labels = request.features, request.labels
+    for taken, batch in enumerate(sampler.batch_iterator(request.num_records, rng=seeds.sampling), start=1):
+        batch = np.asarray(batch, dtype=np.int64)
+        padded = batch_selection.pad_to_multiple_of(batch, padding_multiple(batch.size))
+        if padded.size == 0:  # an empty Poisson batch: one all-padding block keeps the step (noise only)
+            padded = np.full(padding_multiple(0), -1, dtype=np.int64)
+        is_padding = padded < 0
+        rows = np.where(is_padding, 0, padded)
+        params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, scale)
+        if request.progress is not None:
+            request.progress(taken, hp.steps)
+    return black_box(params)

@@ -1,0 +1,171 @@
+"""The JAX-Privacy plugin: its claim, calibration, the DP step of each variant on the library's real calls,
+the 2.0.0 accumulation check (#287), conformance of both paths, and its refusals.
+
+Tests that need JAX-Privacy skip with a reason where it is not installed (its own environment: see the
+README, "Environments"). The statistical checks state their tolerance and error rate.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dpverify_jaxprivacy
+from dpverify.conformance import run_conformance, small_request
+
+CORRECT = ("jax-privacy-core", "jax-privacy-keras")
+KNOWN_ISSUES = {
+    "jax-privacy-keras-accumulation": "https://github.com/google-deepmind/jax_privacy/pull/287",
+    "jax-privacy-keras-shuffled": "https://github.com/google-deepmind/jax_privacy/issues/84",
+}
+STEPS = ("no_noise", "no_clipping", "noise_for_mean", "noise_for_clip_norm")
+
+
+@pytest.fixture(scope="module")
+def jax_privacy():
+    return pytest.importorskip("jax_privacy", reason="needs JAX-Privacy, which has its own environment: see the README")
+
+
+def implementation(name):
+    return next(impl for impl in dpverify_jaxprivacy.implementations() if impl.info.name == name)
+
+
+def test_listing_does_not_import_jax():
+    code = "import sys, dpverify_jaxprivacy as p; p.implementations(); print(sorted(m for m in ('jax', 'keras', 'jax_privacy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_infos():
+    infos = {impl.info.name: impl.info for impl in dpverify_jaxprivacy.implementations()}
+    for name in CORRECT:
+        assert infos[name].expected == "private"
+    for name, link in KNOWN_ISSUES.items():
+        assert infos[name].expected == "known-issue" and infos[name].issue == link
+    for path in ("", "-keras"):
+        for step in STEPS:
+            info = infos[f"jax-privacy{path}-{step.replace('_', '-')}"]
+            assert info.expected == "violation" and info.bug in (1, 2, 3) and info.detectability in ("D1", "D2")
+    assert all(info.library == "jax-privacy" and info.extra == "jax-privacy" for info in infos.values())
+
+
+def test_the_claim_is_the_librarys_pld_account(jax_privacy):
+    """The claim agrees with dp_accounting's PLD of the same composition, composed here without the library
+    (the library's discretisation 1e-3 is pessimistic: its ε may exceed the finer one by a few thousandths)."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from dpverify_jaxprivacy import _accounting
+
+    for sigma, q, steps in ((1.0, 0.1, 50), (3.0, 1.0, 10), (0.8, 0.01, 1000)):
+        claim = _accounting.claim(sigma, q, steps, 1e-5)
+        direct = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+        direct.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+        assert claim.epsilon == pytest.approx(direct.get_epsilon(1e-5), rel=0.01)
+        assert (claim.noise_multiplier, claim.sampling_rate, claim.steps) == (sigma, q, steps)
+    assert math.isinf(_accounting.claim(0.0, 0.5, 3, 1e-5).epsilon)
+
+
+def test_q_is_given_to_the_accountant_as_an_exact_ratio(jax_privacy):
+    from dpverify_jaxprivacy import _accounting
+
+    assert _accounting.batch_and_size(1.0) == (1, 1)
+    assert _accounting.batch_and_size(0.5) == (1, 2)
+    assert _accounting.batch_and_size(0.01) == (1, 100)
+    with pytest.raises(ValueError, match="no ratio of integers"):
+        _accounting.batch_and_size(math.pi / 10)
+
+
+def _zero_gradient_noise(step, *, sigma, coordinates=200_000):
+    """The noise a DP step adds to a zero sum: its standard deviation over ``coordinates`` i.i.d. draws
+    (relative standard error 1/√(2·coordinates) = 0.16 %)."""
+    import jax.numpy as jnp
+
+    grad = step.clipped_grad(lambda p, x: 0.0 * jnp.sum(p * x), l2_clip_norm=step.clip_norm, rescale_to_unit_norm=True)
+    privatizer = step.privatizer(stddev=sigma * grad.l2_norm_bound, prng_key=0)
+    zeros = jnp.zeros(coordinates)
+    noisy, _ = privatizer.update(zeros, privatizer.init(zeros))
+    return float(np.std(np.asarray(noisy)))
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("correct", 2.0), ("no_noise", 0.0), ("no_clipping", 2.0), ("noise_for_mean", 2.0 / 8), ("noise_for_clip_norm", 2.0 * 0.5)],
+)
+def test_each_step_adds_the_noise_it_is_built_to(jax_privacy, kind, expected):
+    """σ = 2 on the unit-rescaled sum (sensitivity 1): the correct step adds sd 2 and each variant what its
+    bug makes it (within 1 %, 6 standard errors)."""
+    from dpverify_jaxprivacy._steps import DPStep
+
+    assert _zero_gradient_noise(DPStep(kind=kind, clip_norm=0.5, batch_size=8.0), sigma=2.0) == pytest.approx(expected, rel=0.01, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["correct", "no_clipping"])
+def test_rows_are_clipped_except_in_the_no_clipping_step(jax_privacy, kind):
+    """Two records with gradients of norm 3 and 0.1 at C = 0.5: the correct sum is (0.5 + 0.1)/C in unit
+    norm; without clipping it is (3 + 0.1)/C, the bound the callable states still 1."""
+    import jax.numpy as jnp
+
+    from dpverify_jaxprivacy._steps import DPStep
+
+    step = DPStep(kind=kind, clip_norm=0.5, batch_size=2.0)
+    grad = step.clipped_grad(lambda p, x: jnp.sum(p * x), l2_clip_norm=0.5, rescale_to_unit_norm=True)
+    total = grad(jnp.zeros(1), jnp.array([[3.0], [0.1]]))
+    assert grad.l2_norm_bound == 1.0
+    assert float(total[0]) == pytest.approx((3.1 if kind == "no_clipping" else 0.6) / 0.5, rel=1e-5)
+
+
+def test_the_library_calls_are_restored_after_a_keras_fit(jax_privacy):
+    from jax_privacy import noise_addition
+
+    from dpverify_jaxprivacy._steps import DPStep, library_calls
+
+    before = (jax_privacy.clipped_grad, noise_addition.gaussian_privatizer)
+    with pytest.raises(RuntimeError, match="inside"):
+        with library_calls(DPStep(kind="no_noise", clip_norm=1.0, batch_size=1.0)):
+            assert jax_privacy.clipped_grad is not before[0]
+            raise RuntimeError("inside")
+    assert (jax_privacy.clipped_grad, noise_addition.gaussian_privatizer) == before
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_conformance(jax_privacy, name):
+    run_conformance(implementation(name))
+
+
+def test_the_2_0_0_config_accepts_noise_for_the_physical_batch(jax_privacy):
+    """#287 without training: with 8 accumulation steps the smallest σ DPKerasConfig accepts is what its check
+    computes at the physical batch, far below the library's own calibration at the accumulated batch, and
+    the claim states the physical batch's q (the conformance check that the claim's q is the run's fails)."""
+    from dpverify_jaxprivacy import _accounting
+    from dpverify_jaxprivacy._keras import smallest_accepted_noise
+
+    n, batch, k, steps = 1024, 16, 8, 80
+    sigma = smallest_accepted_noise(
+        epsilon=2.0, delta=1e-5, clipping_norm=1.0, batch_size=batch, accumulation=k, train_steps=steps, train_size=n
+    )
+    own = _accounting.calibrate_noise_multiplier(2.0, batch * k, n, steps, 1e-5)
+    assert sigma < 0.8 * own
+    assert _accounting.epsilon(sigma, batch * k, n, steps, 1e-5) > 2.0 * 1.5
+
+    request = small_request(num_records=128, target_epsilon=2.0, sampling_rate=1.0, epochs=1)
+    trained = implementation("jax-privacy-keras-accumulation").train(request)
+    assert trained.claim.sampling_rate == pytest.approx(1 / 8) and trained.claim.steps == 8
+    assert trained.claim.epsilon <= 2.0
+
+
+def test_tags_and_a_fractional_batch_are_refused_with_the_fix(jax_privacy):
+    import dataclasses
+
+    request = small_request(num_records=10, sampling_rate=0.25)  # qN = 2.5: no whole batch size
+    with pytest.raises(RuntimeError, match=r"jax-privacy-keras: .*whole batch size.*2\.5"):
+        implementation("jax-privacy-keras").train(request)
+    tagged = dataclasses.replace(
+        small_request(), tags=np.zeros((100, 1), np.int64), num_tags=2
+    )
+    with pytest.raises(RuntimeError, match="jax-privacy-core: .*no UniAud\\+\\+ tags"):
+        implementation("jax-privacy-core").train(tagged)
