@@ -12,4 +12,4 @@ if [ ! -x .venvs/nox/bin/nox ] || [ "$(.venvs/nox/bin/nox --version 2>&1)" != "$
   "$PYTHON" -m venv .venvs/nox
   .venvs/nox/bin/python -m pip install --quiet "nox==$NOX_VERSION"
 fi
-exec .venvs/nox/bin/nox --sessions torch jax "$@"
+exec .venvs/nox/bin/nox --sessions torch jax
