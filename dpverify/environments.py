@@ -96,7 +96,8 @@ def delegate(
 
 def run_delegation(delegation: Delegation, argv: Sequence[str], *, session: AuditSession) -> None:
     """Run the delegated audits in their environment (its progress on this stderr) and add its report's
-    entries to ``session.results``, an ``error`` entry for each audit it owed and did not report. A
+    entries to ``session.results`` (each naming the ``environment`` that ran it), an ``error`` entry for
+    each audit it owed and did not report. A
     Ctrl-C reaches both processes: the other one finishes its report, which is folded in, then the
     interrupt goes on."""
     environment = delegation.environment
@@ -117,12 +118,12 @@ def run_delegation(delegation: Delegation, argv: Sequence[str], *, session: Audi
             status = process.wait()
         entries, problem = _reported(report, status)
     reported = {entry.get("nodeid") for entry in entries}
-    session.results.extend(entries)
     missing = [planned for planned in delegation.planned if planned["nodeid"] not in reported]
     if missing and not interrupted:
         cause = f"the run in {environment.given} ended without this audit ({problem or f'exit status {status}'})"
         print(f"dpverify: error: {cause}; {len(missing)} audit(s) marked as errors", file=sys.stderr)
-        session.results.extend(errored_entry(planned, cause=cause, confidence=session.per_audit_confidence) for planned in missing)
+        entries += [errored_entry(planned, cause=cause, confidence=session.per_audit_confidence) for planned in missing]
+    session.results.extend({**entry, "environment": environment.given} for entry in entries)
     if interrupted:
         raise KeyboardInterrupt
 

@@ -87,6 +87,7 @@ def test_one_report_one_table_and_one_level_over_both_environments(setup, tmp_pa
         for name in by_name
     }  # fmt: skip
     assert by_name["family-memoriser"]["verdict"] == "violation"
+    assert [by_name[name].get("environment") for name in sorted(by_name)] == [str(environment)] * 2 + [None]
     table = run.stdout
     assert all(name in table for name in by_name) and "over 2 planned audit(s)" in table
     assert f"2 audit(s) of family-memoriser, family-oblivious in {environment}" in run.stderr
