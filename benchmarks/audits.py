@@ -1,15 +1,15 @@
 """Audit benchmarks: power, bug detection, false alarms and speed, written as markdown tables.
 
-    .venv/bin/python benchmarks/audits.py power        # ε_L against claimed ε, beside the paper's table
-    .venv/bin/python benchmarks/audits.py profiles     # both tests' ε_L per profile, beside the perfect attacker
-    .venv/bin/python benchmarks/audits.py separation   # the claimed signal the canaries reach, per implementation
-    .venv/bin/python benchmarks/audits.py pooling      # one run of m Dirac canaries against m pooled over 4 runs
-    .venv/bin/python benchmarks/audits.py detection    # every buggy variant × claimed ε × seeds
-    .venv/bin/python benchmarks/audits.py noise-deficit  # smallest noise deficit 1/k caught
-    .venv/bin/python benchmarks/audits.py false-alarms # many audits of correct implementations
-    .venv/bin/python benchmarks/audits.py speed        # seconds per audit, DP overhead, the auditor's share
-    .venv/bin/python benchmarks/audits.py sweep        # ε_L(8) and ε_L(∞) over what the auditor controls
-    .venv/bin/python benchmarks/audits.py guess-grid   # other declared guess grids on the same runs
+    .venvs/torch/bin/python benchmarks/audits.py power        # ε_L against claimed ε, beside the paper's table
+    .venvs/torch/bin/python benchmarks/audits.py profiles     # both tests' ε_L per profile, beside the perfect attacker
+    .venvs/torch/bin/python benchmarks/audits.py separation   # the claimed signal the canaries reach, per implementation
+    .venvs/torch/bin/python benchmarks/audits.py pooling      # one run of m Dirac canaries against m pooled over 4 runs
+    .venvs/torch/bin/python benchmarks/audits.py detection    # every buggy variant × claimed ε × seeds
+    .venvs/torch/bin/python benchmarks/audits.py noise-deficit  # smallest noise deficit 1/k caught
+    .venvs/torch/bin/python benchmarks/audits.py false-alarms # many audits of correct implementations
+    .venvs/torch/bin/python benchmarks/audits.py speed        # seconds per audit, DP overhead, the auditor's share
+    .venvs/torch/bin/python benchmarks/audits.py sweep        # ε_L(8) and ε_L(∞) over what the auditor controls
+    .venvs/torch/bin/python benchmarks/audits.py guess-grid   # other declared guess grids on the same runs
 
 Each writes ``benchmarks/results/<name>.md`` (``<name>-cuda.md`` when it ran on a GPU) stating the device,
 the date and the command. Numbers here are measurements, never test assertions. ``--seeds`` shrinks a

@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/bounds_speed.py
+    .venvs/torch/bin/python benchmarks/bounds_speed.py
 
 It prints a markdown table and writes it to benchmarks/results/bounds_speed.md.
 """
@@ -90,7 +90,7 @@ def main() -> None:
         f"- device: 2-core CPU (no GPU); {platform.machine()}, {os.cpu_count()} logical cores",
         f"- date: {datetime.date.today().isoformat()}",
         f"- Python {platform.python_version()}, numpy {np.__version__}",
-        "- command: `.venv/bin/python benchmarks/bounds_speed.py`",
+        "- command: `.venvs/torch/bin/python benchmarks/bounds_speed.py`",
         "",
         "| computation | median ms | min ms | repeats |",
         "|---|---:|---:|---:|",

@@ -10,8 +10,8 @@ often each catches the claim (ε_L above it, resp. the claimed curve refuted).
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/curves.py                 # writes benchmarks/results/curves.md
-    .venv/bin/python benchmarks/curves.py combined-runs   # writes benchmarks/results/combined-runs.md
+    .venvs/torch/bin/python benchmarks/curves.py                 # writes benchmarks/results/curves.md
+    .venvs/torch/bin/python benchmarks/curves.py combined-runs   # writes benchmarks/results/combined-runs.md
 
 Each prints a markdown table and writes it.
 """
@@ -167,7 +167,7 @@ def write_report(path: Path, title: str, script: str, notes: list[str], lines: l
             f"cores; load average at the end {os.getloadavg()[0]:.1f}",
             f"- date: {datetime.date.today().isoformat()}",
             f"- Python {sys.version.split()[0]}, numpy {np.__version__}",
-            f"- command: `.venv/bin/python {script}`",
+            f"- command: `.venvs/torch/bin/python {script}`",
             *(f"- {note}" for note in notes),
             "",
             *lines,

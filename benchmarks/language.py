@@ -1,6 +1,6 @@
 """Language-model audit benchmark: ε_L against the claimed ε, repeated-token canaries beside NewToken.
 
-    .venv/bin/python benchmarks/language.py --seeds 2
+    .venvs/torch/bin/python benchmarks/language.py --seeds 2
 
 Writes ``benchmarks/results/language.md`` (``language-cuda.md`` on a GPU) stating the device, the date
 and the command: for each canary mode, claimed ε and seed, one pair-design audit of ``opacus-lm`` under

@@ -16,7 +16,7 @@ in which each test refutes that true claim, to compare with the 5 % level.
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/order_statistics.py
+    .venvs/torch/bin/python benchmarks/order_statistics.py
 
 It prints a markdown table and writes it to benchmarks/results/order-statistics.md.
 """

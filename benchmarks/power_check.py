@@ -4,7 +4,7 @@ decision refutes at k* and at 0.85·k* (``simulated_detection``: m Gaussian-shif
 the claimed run exactly μ-GDP at q = 1, 10 steps, fresh secret bits, the default guess rule, both tests at
 the levels of a one-audit session).
 
-    .venv/bin/python benchmarks/power_check.py --audits 40
+    .venvs/torch/bin/python benchmarks/power_check.py --audits 40
 """
 
 from __future__ import annotations

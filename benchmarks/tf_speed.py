@@ -1,6 +1,6 @@
 """Seconds per quick audit of the slow implementations, before and after their speed-ups, beside opacus-ghost.
 
-    .venv/bin/python benchmarks/tf_speed.py --seed 0 --repeats 2 --before-source /tmp/before
+    .venvs/torch/bin/python benchmarks/tf_speed.py --seed 0 --repeats 2 --before-source /tmp/before
 
 Every audit runs in a fresh process (``--child``), so imports, TensorFlow's tracing and environment
 variables read once at start-up (``THP_MEM_ALLOC_ENABLE``) belong to that audit alone. A row may run the

@@ -3,7 +3,7 @@ Classification"): test accuracy and ε_L of UniAud++ (``multitask``) and the ``i
 ``mislabeled`` O(1) baselines, trained by opacus-ghost on scikit-learn's digits at claimed ε ∈ {1, 2, 4,
 8, ∞} and two audit sizes m.
 
-    PYTHONPATH=.:plugins .venv/bin/python benchmarks/tradeoff.py --seeds 2
+    PYTHONPATH=.:plugins .venvs/torch/bin/python benchmarks/tradeoff.py --seeds 2
 
 Writes ``benchmarks/results/tradeoff.md`` (device, date, command) and ``tradeoff.png``. ε_L is reported in
 each design's own relation (replace-one for UniAud++, add/remove for the baselines, so the claims in the
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"{time.perf_counter() - started:7.1f}s m={m} {design} ε={epsilon}: {rows[-1]}", file=sys.stderr)
     device = resolve_device(args.device)
-    command = "PYTHONPATH=.:plugins .venv/bin/python benchmarks/tradeoff.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "PYTHONPATH=.:plugins .venvs/torch/bin/python benchmarks/tradeoff.py " + " ".join(argv if argv is not None else sys.argv[1:])
     write_table(rows, args, device, command)
     write_figure(rows, args)
     return 0

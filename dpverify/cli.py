@@ -125,6 +125,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--workers", type=int, default=None, help="processes of the pool (CPUs of a local Ray cluster), >= 1")
     audit.add_argument("--ray-address", metavar="ADDRESS", help="a running Ray cluster: auto, or ray://HOST:10001")
+    audit.add_argument(
+        "--env",
+        dest="envs",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another Python environment (a virtual environment's directory, or its python) that audits, in a "
+        "process of its own, the selected implementations this one cannot run: a family of DP libraries that "
+        "cannot share this environment, such as .venvs/jax for JAX-Privacy (made by bash scripts/setup.sh). "
+        "Its audits join this run's table and report and take their share of its level; repeatable",
+    )
+    audit.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the audits this run would make, as JSON (each with whether it can run here), and exit "
+        "without training (what --env asks another environment)",
+    )
+    audit.add_argument(
+        "--planned-audits",
+        type=int,
+        default=None,
+        metavar="N",
+        help="split the level over N audits that can raise a false alarm instead of this run's own count: a run "
+        "that is part of a larger session (--env starts its runs so); at least this run's own count",
+    )
 
     listing = commands.add_parser(
         "list", parents=[registers], help="registered implementations, their library versions and availability"
@@ -149,6 +174,7 @@ OPTION_CHECKS: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
     ("audit", "--confidence", lambda v: 0 < v < 1, "in (0, 1)"),
     ("audit", "--seed", lambda v: v >= 0, ">= 0"),
     ("audit", "--workers", lambda v: v >= 1, "an integer >= 1"),
+    ("audit", "--planned-audits", lambda v: v >= 0, ">= 0"),
     ("bound", "--m", lambda v: v >= 1, ">= 1"),
     ("bound", "--delta", lambda v: 0 < v < 1, "in (0, 1)"),
     ("bound", "--confidence", lambda v: 0 < v < 1, "in (0, 1)"),
@@ -158,13 +184,15 @@ OPTION_CHECKS: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
 def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``parser.error`` (exit 2) for the first option out of its range, and for ``--all`` with names."""
     for command, option, good, allowed in OPTION_CHECKS:
-        value = getattr(args, option.lstrip("-"), None) if args.command == command else None
+        value = getattr(args, option.lstrip("-").replace("-", "_"), None) if args.command == command else None
         if value is not None and not good(value):
             parser.error(f"{option} must be {allowed}, got {value:g}")
     if args.command == "audit" and args.compare_fail and not args.compare:
         parser.error("--compare-fail fails the run on a significant rise since a baseline; give the baseline with --compare")
     if args.command == "audit" and args.all and args.names:
         parser.error(f"--all audits every registered implementation; give names ({' '.join(args.names)}) or --all, not both")
+    if args.command == "audit" and args.plan and args.envs:
+        parser.error("--plan prints this environment's audits; give it without --env")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,10 +304,32 @@ def _expectation(row: dict[str, Any]) -> str:
     return "private" if row["expected"] == "private" else f"buggy variant, {row['detectability']}"
 
 
+#: The ``audit`` options a run in another environment (``--env``) takes from this one: everything that
+#: decides an audit. The others are this run's alone (what to audit, where the report goes, the comparison).
+FORWARDED_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("imports", "--import"), ("profile", "--profile"), ("epsilon", "--epsilon"), ("design", "--design"),
+    ("worlds", "--worlds"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
+    ("confidence", "--confidence"), ("seed", "--seed"), ("device", "--device"), ("plots", "--plots"),
+    ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"),
+)  # fmt: skip
+
+
+def forwarded_options(args: argparse.Namespace) -> list[str]:
+    """:data:`FORWARDED_OPTIONS` as this run was given them, spelled for another run's command line."""
+    argv: list[str] = []
+    for dest, flag in FORWARDED_OPTIONS:
+        value = getattr(args, dest)
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                argv += [flag, repr(item) if isinstance(item, float) else str(item)]
+    return argv
+
+
 def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import run_audit
+    from dpverify.environments import Environment, delegate, plan_entry, run_delegation
     from dpverify.gate import gate_audits
-    from dpverify.registry import registered_implementations
+    from dpverify.registry import EXTRA_ENVIRONMENTS, registered_implementations
     from dpverify.session import AuditSession, audit_entry, outcome_as_expected
 
     if not args.names and not args.all:
@@ -299,14 +349,30 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         command=command,
         executor=ExecutorSpec(executor=args.executor, workers=args.workers, ray_address=args.ray_address),
     )
+    environments = [Environment.at(path) for path in args.envs]
     chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
-    if not chosen:
+    delegations = delegate(
+        environments,
+        [*(args.names or ["--all"]), *forwarded_options(args)],
+        runnable_here={impl.info.name for impl in chosen if impl.unavailable_reason() is None},
+    )
+    delegated = {name for delegation in delegations for name in delegation.names}
+    chosen = [impl for impl in chosen if impl.info.name not in delegated]
+    if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
     audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args))
-    # As in the plugin: only audits of implementations expected to be private can raise a false alarm.
-    session.planned_audits = sum(audit.counted for audit in audits)
+    # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
+    # here and in the other environments alike: one level for the whole session.
+    counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)
+    if args.planned_audits is not None and args.planned_audits < counted:
+        raise ValueError(f"--planned-audits must be at least this run's {counted} counted audit(s), got {args.planned_audits}")
+    session.planned_audits = counted if args.planned_audits is None else args.planned_audits
     plan = _plan(audits, args.profile, overrides, session)
     _refuse_undecidable(plan)
+    if args.plan:
+        entries = [plan_entry(audit, implementation, config, nodeid=_nodeid(audit)) for audit, implementation, config in plan]
+        print(json.dumps({"planned_audits": session.planned_audits, "audits": entries}, indent=2))
+        return 0
     baseline = _baseline(args.compare)
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
@@ -316,24 +382,29 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             label = f"[{index}/{len(plan)}] {_audit_name(audit)}"
             reason = implementation.unavailable_reason()
             if reason:
-                print(f"{label}: skipped: {reason}", file=sys.stderr)
+                environment = EXTRA_ENVIRONMENTS.get(implementation.info.extra or "")
+                print(f"{label}: skipped: {reason}" + (f" (or add --env {environment})" if environment else ""), file=sys.stderr)
                 continue
             progress = ProgressLine(label, StreamDisplay(sys.stderr))
             result = run_audit(
                 implementation, config, progress=progress.stage, step_progress=progress.step, executor=session.executor_for_audits()
             )
             progress.finish(result.headline())
-            session.results.append(audit_entry(result, implementation, nodeid=f"dpverify audit {_audit_name(audit)}"))
+            session.results.append(audit_entry(result, implementation, nodeid=_nodeid(audit)))
             session.write_report(complete=False)
             if args.plots:
                 from dpverify.plots import save_audit_plots
 
                 save_audit_plots(result, args.plots)
+        for delegation in delegations:
+            run_delegation(delegation, forwarded_options(args), session=session)
+            session.write_report(complete=False)
     except KeyboardInterrupt:
         if progress is not None:
             progress.finish("interrupted")
+        total = len(plan) + sum(len(delegation.planned) for delegation in delegations)
         print(
-            f"dpverify: interrupted; {len(session.results)} of {len(plan)} audit(s) finished, "
+            f"dpverify: interrupted; {len(session.results)} of {total} audit(s) finished, "
             "the table and the report hold only those",
             file=sys.stderr,
         )
@@ -435,6 +506,11 @@ def _worlds(args: argparse.Namespace) -> str | tuple[str, ...]:
         return "none" if args.design is not None else "applicable"
     text = args.worlds.strip()
     return text if text in ("applicable", "none") else tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _nodeid(audit: Any) -> str:
+    """What the report calls an audit run from the command line (``dpverify audit <name>``)."""
+    return f"dpverify audit {_audit_name(audit)}"
 
 
 def _audit_name(audit: Any) -> str:

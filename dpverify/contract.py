@@ -405,8 +405,10 @@ class Implementation(abc.ABC):
         missing = self.missing_requirements()
         if not missing:
             return None
-        hint = f"pip install 'dpverify[{self.info.extra}]'" if self.info.extra else f"install {', '.join(missing)}"
-        return f"{self.info.name} needs {', '.join(missing)}, which is not installed: {hint}"
+        from dpverify.registry import install_hint
+
+        hint = install_hint(self.info.extra, missing)
+        return f"{self.info.name} needs {', '.join(missing)}, which is not installed here: {hint}"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.info.name!r}>"

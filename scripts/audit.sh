@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job: set up, then audit every bundled implementation (correct ones and buggy variants) with the
-# quick profile, writing dp-audit-report.json. Extra arguments go to `dpverify audit`.
+# The main job: set up, then audit every bundled implementation (correct ones and buggy variants) of every
+# family with the quick profile: one session in .venvs/torch that runs the JAX family's audits in .venvs/jax
+# (--env), so one level is shared by all of them, one table is printed and one dp-audit-report.json written.
+# Extra arguments go to `dpverify audit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/dpverify audit --all --profile quick --report dp-audit-report.json "$@"
+export KERAS_BACKEND="${KERAS_BACKEND:-jax}"  # Keras 3 in .venvs/jax; .venvs/torch's Keras 2 ignores it
+exec .venvs/torch/bin/dpverify audit --all --env .venvs/jax --profile quick --report dp-audit-report.json "$@"

@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
-# Set up, then run the test suite with the quick DP audits of every bundled implementation and variant.
-# Extra arguments go to pytest.
-set -euo pipefail
+# Set up, then run the test suite with the quick DP audits of every bundled implementation and variant in
+# .venvs/torch, then in .venvs/jax what applies there: the JAX-Privacy tests and the ready-made audits of the
+# JAX family (`dp-audit`, the virtual module of the ready-made audits). Extra arguments go to both pytest
+# runs; a --dp-audit-report=PATH.json of the second is written to PATH-jax.json. Fails if either fails.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh || exit
 # Two xdist workers on two cores: one intra-op thread each. The audits' models are small, and two threads
 # a worker oversubscribe the cores (the suite took 686 s of tests that way against 513 s, 2026-11-26).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec .venv/bin/pytest --dp-audit -n 2 "$@"
+export KERAS_BACKEND="${KERAS_BACKEND:-jax}"  # Keras 3 in .venvs/jax; .venvs/torch's Keras 2 ignores it
+status=0
+.venvs/torch/bin/pytest --dp-audit -n 2 "$@" || status=$?
+
+jax_args=()
+for arg in "$@"; do
+  case "$arg" in
+    --dp-audit-report=*.json) jax_args+=("${arg%.json}-jax.json") ;;
+    *) jax_args+=("$arg") ;;
+  esac
+done
+jax_tests=()
+for file in tests/test_jax_privacy.py tests/test_jax_auditing.py; do
+  [ -f "$file" ] && jax_tests+=("$file")
+done
+.venvs/jax/bin/pytest --dp-audit -n 2 --dp-audit-implementations='jax-privacy-*' "${jax_tests[@]}" dp-audit "${jax_args[@]}" || status=$?
+exit "$status"

@@ -12,12 +12,13 @@ canaries it would need (a failure under ``--dp-audit-strict``); an error always 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from dpverify.gate import GateAudit
-from dpverify.pytest.stash import SESSION_KEY
+from dpverify.pytest.stash import SESSION_KEY, UNAVAILABLE_PROPERTY
 from dpverify.session import AuditSession
 
 
@@ -57,6 +58,7 @@ class DPAuditItem(pytest.Item):
         implementation = get_implementation(self.implementation_name)
         reason = implementation.unavailable_reason()
         if reason:
+            self.user_properties.append((UNAVAILABLE_PROPERTY, json.dumps(unavailable_record(implementation))))
             pytest.skip(reason)
         audit = self.audit
         config = audit_config(session, {}) if audit.world is None else world_config(session, audit.world)
@@ -73,3 +75,27 @@ class DPAuditItem(pytest.Item):
     def reportinfo(self) -> tuple[Any, int | None, str]:
         what = "dp-audit" if self.audit.world is None else f"two-world audit ({self.audit.world})"
         return self.path, None, f"{what} of {self.implementation_name}"
+
+
+def unavailable_record(implementation: Any) -> dict[str, Any]:
+    """Why ``implementation`` cannot run here, for the summary: its family (its extra, else its library),
+    the modules missing and how to get them."""
+    from dpverify.registry import install_hint
+
+    info, missing = implementation.info, implementation.missing_requirements()
+    return {"implementation": info.name, "family": info.extra or info.library, "missing": list(missing), "hint": install_hint(info.extra, missing)}
+
+
+def not_audited_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One line per family whose ready-made audits were skipped because it is not installed here:
+    ``not audited here: jax-privacy (6 implementations) needs jax, keras: run ...``."""
+    families: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        families.setdefault(record["family"], []).append(record)
+    lines = []
+    for family, members in sorted(families.items()):
+        names = {record["implementation"] for record in members}
+        missing = sorted({module for record in members for module in record["missing"]})
+        count = f"{len(names)} implementation{'s' if len(names) != 1 else ''}"
+        lines.append(f"not audited here: {family} ({count}) needs {', '.join(missing)}: {members[0]['hint']}")
+    return lines

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dpverify.pytest import options
-from dpverify.pytest.stash import PLANNED_KEY, READY_MADE_MODULE, RESULT_PROPERTY, SELECTION_KEY, SESSION_KEY
+from dpverify.pytest.stash import PLANNED_KEY, READY_MADE_MODULE, RESULT_PROPERTY, SELECTION_KEY, SESSION_KEY, UNAVAILABLE_PROPERTY
 from dpverify.execution import ExecutorSpec
 from dpverify.session import AuditSession, outcome_as_expected
 
@@ -192,6 +192,8 @@ class ResultGatherer:
 
     def __init__(self, session: AuditSession) -> None:
         self.session = session
+        #: The ready-made audits skipped because their implementation's library is not installed here.
+        self.unavailable: list[dict[str, Any]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "teardown":
@@ -201,6 +203,8 @@ class ResultGatherer:
             if name == RESULT_PROPERTY:
                 self.session.gather(json.loads(value))
                 gathered = True
+            elif name == UNAVAILABLE_PROPERTY:
+                self.unavailable.append(json.loads(value))
         if gathered and self.session.enabled:
             self.session.write_report(complete=False)
 
@@ -466,15 +470,20 @@ def _stopped(session: pytest.Session, exitstatus: int) -> str | None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from dpverify.pytest.items import not_audited_lines
+
     session = config.stash[SESSION_KEY]
-    if not session.results or hasattr(config, "workerinput"):
+    not_audited = not_audited_lines(config.pluginmanager.get_plugin("dpverify-results").unavailable)
+    if not (session.results or not_audited) or hasattr(config, "workerinput"):
         return
     terminalreporter.write_sep("=", "dp-audit summary")
-    for line in session.summary_lines():
+    for line in session.summary_lines() if session.results else ():
         terminalreporter.write_line(line)
     unexpected = [r for r in session.results if not outcome_as_expected(r)]
     if unexpected:
         terminalreporter.write_line(f"{len(unexpected)} outcome(s) other than expected (marked '!').")
+    for line in not_audited:
+        terminalreporter.write_line(line)
     if session.report_path:
         stopped = config.stash.get(STOPPED_KEY, None)
         terminalreporter.write_line(f"dp-audit JSON report: {session.report_path}" + (f" (incomplete: {stopped})" if stopped else ""))

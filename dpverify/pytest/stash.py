@@ -9,6 +9,8 @@ from dpverify.session import AuditSession
 
 #: Name of the user property that carries one audit's JSON on a test report.
 RESULT_PROPERTY = "dp_audit_result"
+#: Name of the user property that says a ready-made audit's implementation cannot run here, and why.
+UNAVAILABLE_PROPERTY = "dp_audit_unavailable"
 SESSION_KEY = pytest.StashKey[AuditSession]()
 #: How many audits the session's plan counted for an item: the budget its audits are held to.
 PLANNED_KEY = pytest.StashKey[int]()

@@ -1,0 +1,173 @@
+"""Audits that run in another Python environment and join this session: families of DP libraries that
+cannot share one environment (TF-Privacy 0.9 needs numpy < 2, JAX-Privacy 2.0 numpy 2) still make one
+report, one table and one level.
+
+The session's promise (:mod:`dpverify.session`) is a union bound over every counted audit, so before any
+training each other environment is asked for its plan (``dpverify audit ... --plan``) and the audits of
+the implementations it can run and this one cannot are counted into this session's level; then that
+environment runs them (``--planned-audits N``: the same per-audit confidence, the same seed, hence the
+same per-audit seeds) and its report's entries are folded into this session's results. An audit it owed
+and did not report is an ``error`` entry, never silently missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from dpverify.results import AuditResult
+from dpverify.session import AuditSession
+
+#: How the environments of this repository are made (scripts/setup.sh runs noxfile.py's sessions).
+SETUP_HINT = "make the environments with `bash scripts/setup.sh`"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Another Python environment: ``given`` as the user named it, ``python`` its interpreter."""
+
+    given: str
+    python: Path
+
+    @classmethod
+    def at(cls, given: str) -> Environment:
+        """A virtual environment's directory (its ``bin/python``, ``Scripts/python.exe`` on Windows) or an
+        interpreter's path; a path with neither is a ``ValueError`` naming it and the fix."""
+        path = Path(given)
+        candidates = [path] if not path.is_dir() else [path / "bin" / "python", path / "Scripts" / "python.exe"]
+        python = next((candidate for candidate in candidates if candidate.is_file()), None)
+        if python is None:
+            raise ValueError(f"--env {given}: no Python at {' or '.join(map(str, candidates))}; {SETUP_HINT}")
+        return cls(given=given, python=python)
+
+    def dpverify(self, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        """Run ``python -m dpverify ARGV`` there (its own packages, this working directory)."""
+        return subprocess.run([str(self.python), "-m", "dpverify", *argv], **kwargs)
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """The audits one environment runs for this session: ``planned`` are the entries of its ``--plan``
+    for the implementations it runs (``names``)."""
+
+    environment: Environment
+    names: tuple[str, ...]
+    planned: tuple[dict[str, Any], ...]
+
+    @property
+    def counted(self) -> int:
+        """Its audits that take a share of the session's level."""
+        return sum(entry["counted"] for entry in self.planned)
+
+
+def plan_of(environment: Environment, argv: Sequence[str]) -> list[dict[str, Any]]:
+    """The audits ``dpverify audit ARGV`` would make in ``environment``, from its ``--plan``; a run that
+    cannot answer (no dpverify there, a setting it refuses) is a ``ValueError`` with its own words."""
+    answer = environment.dpverify(["audit", *argv, "--plan"], capture_output=True, text=True)
+    if answer.returncode != 0:
+        said = answer.stderr.strip().splitlines()[-1:] or [f"exit status {answer.returncode}"]
+        fix = SETUP_HINT if "No module named" in answer.stderr else "fix the setting it names"
+        raise ValueError(f"--env {environment.given}: {environment.python} could not plan the audits: {said[0]}; {fix}")
+    return json.loads(answer.stdout)["audits"]
+
+
+def delegate(
+    environments: Sequence[Environment], argv: Sequence[str], *, runnable_here: set[str]
+) -> list[Delegation]:
+    """For each environment in turn, the implementations it can run that neither this environment nor an
+    earlier one can, with their planned audits."""
+    taken = set(runnable_here)
+    delegations = []
+    for environment in environments:
+        planned = plan_of(environment, argv)
+        names = tuple(dict.fromkeys(e["implementation"] for e in planned if e["available"] and e["implementation"] not in taken))
+        taken.update(names)
+        if names:
+            entries = tuple(entry for entry in planned if entry["implementation"] in names)
+            delegations.append(Delegation(environment=environment, names=names, planned=entries))
+    return delegations
+
+
+def run_delegation(delegation: Delegation, argv: Sequence[str], *, session: AuditSession) -> None:
+    """Run the delegated audits in their environment (its progress on this stderr) and add its report's
+    entries to ``session.results`` (each naming the ``environment`` that ran it), an ``error`` entry for
+    each audit it owed and did not report. A
+    Ctrl-C reaches both processes: the other one finishes its report, which is folded in, then the
+    interrupt goes on."""
+    environment = delegation.environment
+    print(
+        f"dpverify: {len(delegation.planned)} audit(s) of {', '.join(delegation.names)} in {environment.given} "
+        f"({environment.python})",
+        file=sys.stderr,
+    )
+    with tempfile.TemporaryDirectory(prefix="dpverify-env-") as directory:
+        report = Path(directory) / "report.json"
+        command = [*delegation.names, *argv, "--planned-audits", str(session.planned_audits), "--report", str(report)]
+        process = subprocess.Popen([str(environment.python), "-m", "dpverify", "audit", *command], stdout=subprocess.DEVNULL)
+        interrupted = False
+        try:
+            status = process.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+            status = process.wait()
+        entries, problem = _reported(report, status)
+    reported = {entry.get("nodeid") for entry in entries}
+    missing = [planned for planned in delegation.planned if planned["nodeid"] not in reported]
+    if missing and not interrupted:
+        cause = f"the run in {environment.given} ended without this audit ({problem or f'exit status {status}'})"
+        print(f"dpverify: error: {cause}; {len(missing)} audit(s) marked as errors", file=sys.stderr)
+        entries += [errored_entry(planned, cause=cause, confidence=session.per_audit_confidence) for planned in missing]
+    session.results.extend({**entry, "environment": environment.given} for entry in entries)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def _reported(report: Path, status: int) -> tuple[list[dict[str, Any]], str | None]:
+    """The entries of the other run's report, and what went wrong when it has none."""
+    try:
+        return json.loads(report.read_text(encoding="utf-8"))["audits"], None
+    except (OSError, ValueError, KeyError) as exc:
+        return [], f"exit status {status}, no report: {type(exc).__name__}: {exc}"
+
+
+def plan_entry(audit: Any, implementation: Any, config: Any, *, nodeid: str) -> dict[str, Any]:
+    """One audit of a ``--plan``: what a session needs to count it, delegate it, and report it as an
+    error should it never run (the fields every outcome of the audit shares)."""
+    from dpverify.audits.steps import result_fields
+
+    reason = implementation.unavailable_reason()
+    return {
+        "nodeid": nodeid,
+        "implementation": audit.implementation_name,
+        "world": audit.world,
+        "counted": audit.counted,
+        "available": reason is None,
+        "unavailable_reason": reason,
+        "library": implementation.info.library,
+        "library_version": implementation.library_version(),
+        "fields": result_fields(implementation, config, config.audit_size),
+    }
+
+
+def errored_entry(planned: dict[str, Any], *, cause: str, confidence: float) -> dict[str, Any]:
+    """A report entry with verdict ``error`` for a planned audit that did not run, at this session's level."""
+    fields = {**planned["fields"], "confidence": confidence}
+    result = AuditResult(
+        **fields,
+        claimed_epsilon=math.nan,
+        epsilon_lower_bound=math.nan,
+        guesses=0,
+        correct=0,
+        optimal_epsilon=math.nan,
+        verdict="error",
+        device="-",
+        seconds=0.0,
+        error=f"{planned['implementation']}: {cause}",
+    )
+    return {"nodeid": planned["nodeid"], **result.to_dict(), "library": planned["library"], "library_version": planned["library_version"]}
