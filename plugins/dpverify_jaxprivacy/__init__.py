@@ -10,9 +10,12 @@ The variants change one of the library's two DP calls on either path (:mod:`dpve
 ``jax-privacy-keras-accumulation`` is the unmodified 2.0.0 Keras API with gradient accumulation and a
 noise multiplier of the user's (the smallest its config accepts): its config checks the noise against the
 physical batch while training samples at the accumulated one, so it states an ε its run does not have
-(fixed upstream after the release, google-deepmind/jax_privacy PR #287). ``jax-privacy-keras-shuffled`` is
-the Keras API as its default leaves it (``poisson_sampling_in_fit=False``): fixed-size batches of a shuffled
-dataset, accounted as Poisson (jax_privacy #84).
+(fixed upstream after the release, google-deepmind/jax_privacy PR #287).
+
+The Keras API's default, ``poisson_sampling_in_fit=False`` (fixed-size batches of a shuffled dataset,
+accounted as Poisson: jax_privacy #84), is not registered: at the default profiles' q = 1 its one batch is the
+full batch, the same mechanism as Poisson sampling at q = 1, and its unpadded batches cannot be taken in
+microbatches, so a step took 30 s on the busy 2-core CPU where the Poisson path took under one (2026-11-26).
 
 This module imports neither jax nor jax_privacy: listing implementations works without them.
 """
@@ -62,7 +65,7 @@ class JaxPrivacy(Implementation):
         if path not in PATHS:
             raise ValueError(f"unknown JAX-Privacy path {path!r}; expected one of {', '.join(PATHS)}")
         if call and path != "keras":
-            raise ValueError("only the Keras path takes a call (accumulation, poisson, user_noise)")
+            raise ValueError("only the Keras path takes a call (accumulation, user_noise)")
         self.info = info
         self.step = step
         self.path = path
@@ -164,14 +167,6 @@ _ACCUMULATION_NOTES = (
     "the library's accountant on the numbers its check used."
 )
 
-_SHUFFLED_NOTES = (
-    "jax_privacy.keras_api as above with its default poisson_sampling_in_fit=False: fit(shuffle=True) "
-    "walks fixed-size batches of a shuffled dataset while the accountant assumes Poisson sampling. "
-    "At q = 1 (the default profiles) the two coincide, so the audit cannot see the difference there; the "
-    "shuffled batches' privacy differs only at q < 1 (bugs.md row 9, D3)."
-)
-
-
 def implementations() -> list[Implementation]:
     """The entry point ``dpverify_jaxprivacy:implementations``; imports no jax."""
     return (
@@ -188,17 +183,6 @@ def implementations() -> list[Implementation]:
                 ),
                 path="keras",
                 call=dict(accumulation=8, user_noise=True),
-            ),
-            JaxPrivacy(
-                ImplementationInfo(
-                    name="jax-privacy-keras-shuffled",
-                    expected="known-issue",
-                    issue="https://github.com/google-deepmind/jax_privacy/issues/84",
-                    notes=_SHUFFLED_NOTES,
-                    **_KERAS,
-                ),
-                path="keras",
-                call=dict(poisson=False),
             ),
         ]
         + [_variant("core", step) for step in _BREAKS]

@@ -33,9 +33,10 @@ def accountant() -> analysis.DpsgdTrainingAccountant:
 
 
 def batch_and_size(sampling_rate: float) -> tuple[int, int]:
-    """``(batch_size, num_samples)`` whose ratio is ``sampling_rate`` (to 1e-12), as small as possible."""
+    """``(batch_size, num_samples)``, the smallest integers up to 1e9 whose float ratio is ``sampling_rate``
+    exactly (the accountant computes q as batch_size / num_samples)."""
     ratio = fractions.Fraction(sampling_rate).limit_denominator(10**9)
-    if abs(float(ratio) - sampling_rate) > 1e-12 * sampling_rate:
+    if ratio.numerator / ratio.denominator != sampling_rate:
         raise ValueError(f"sampling_rate {sampling_rate!r} is no ratio of integers up to 1e9")
     return ratio.numerator, ratio.denominator
 

@@ -91,8 +91,13 @@ def black_box(params: dict[str, jax.Array]) -> Callable[[np.ndarray], np.ndarray
     return predict_log_proba
 
 
+#: ``clipped_grad``'s ``microbatch_size``: per-example gradients are taken this many at a time, in sequence
+#: (a third faster on a 2-core CPU than all ~1280 at once: 0.52 against 0.79 s a step, d = 2500, 10 classes).
+MICROBATCH = 128
+
+
 @functools.lru_cache(maxsize=64)
-def _traced_step(step: DPStep, noise_multiplier: float):
+def _traced_step(step: DPStep, noise_multiplier: float, microbatch_size: int):
     """The jitted DP step for one configuration: (params, noise state, x, y, padding, scale) -> (params,
     noise state)."""
 
@@ -100,7 +105,11 @@ def _traced_step(step: DPStep, noise_multiplier: float):
         return optax.softmax_cross_entropy_with_integer_labels(logits(params, features), labels).sum()
 
     clipped_sum = step.clipped_grad(
-        example_loss, l2_clip_norm=step.clip_norm, rescale_to_unit_norm=True, batch_argnums=(1, 2)
+        example_loss,
+        l2_clip_norm=step.clip_norm,
+        rescale_to_unit_norm=True,
+        batch_argnums=(1, 2),
+        microbatch_size=microbatch_size,
     )
     # The update reads only the state it is given, never the key the privatizer was built with.
     privatizer = step.privatizer(stddev=noise_multiplier * clipped_sum.l2_norm_bound, prng_key=0)
@@ -119,10 +128,9 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
     hp = request.hyperparameters
     normaliser = hp.normaliser(request.num_records)
     step = DPStep(kind=kind, clip_norm=float(hp.max_grad_norm), batch_size=float(normaliser))
-    privatizer, dp_step = _traced_step(step, float(noise_multiplier))
     seeds = seeds_for(request.seed)
     params = init_params(request, seeds.init)
-    noise_state = (jax.random.key(seeds.noise), privatizer.init(params)[1])
+    noise_state = None  # the privatizer's state: its key, drawn from the run's seed, at the first step
     scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / normaliser)
     sampler = batch_selection.CyclicPoissonSampling(sampling_prob=hp.sampling_rate, iterations=hp.steps)
     features, labels = request.features, request.labels
@@ -132,6 +140,9 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
         if padded.size == 0:  # an empty Poisson batch: one all-padding block keeps the step (noise only)
             padded = np.full(padding_multiple(0), -1, dtype=np.int64)
         is_padding = padded < 0
+        privatizer, dp_step = _traced_step(step, float(noise_multiplier), min(MICROBATCH, padding_multiple(batch.size)))
+        if noise_state is None:
+            noise_state = (jax.random.key(seeds.noise), privatizer.init(params)[1])
         rows = np.where(is_padding, 0, padded)
         params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, scale)
         if request.progress is not None:

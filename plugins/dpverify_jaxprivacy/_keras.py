@@ -6,7 +6,8 @@ A run is what the library's documentation shows: a Keras 3 model of the designat
 ``batch_size / train_size``, pads them and marks the padding; its ``train_step`` clips with
 ``jax_privacy.clipped_grad(normalize_by=batch_size)`` and adds ``gaussian_privatizer`` noise of
 σ · l2_norm_bound / √(accumulation steps); Keras' optimizer averages ``gradient_accumulation_steps`` batches
-into one update. ``rescale_to_unit_norm`` stays at its default (True), so the learning rate is lr · C and the
+into one update. ``microbatch_size`` is the core path's (:data:`~dpverify_jaxprivacy._core.MICROBATCH`,
+at most the batch). ``rescale_to_unit_norm`` stays at its default (True), so the learning rate is lr · C and the
 update is the designated one. ``DPKerasConfig`` refuses σ = 0, so a non-private request (σ = 0, as the
 conformance checks make) runs the library's DP step with a privatizer of stddev 0 and claims ε = ∞. A variant's DP step replaces the library's two calls while ``fit`` traces
 (:func:`dpverify_jaxprivacy._steps.library_calls`).
@@ -41,7 +42,7 @@ from jax_privacy import keras_api  # noqa: E402
 
 from dpverify.contract import PrivacyClaim, TrainingRequest  # noqa: E402
 from dpverify_jaxprivacy import _accounting  # noqa: E402
-from dpverify_jaxprivacy._core import black_box, seeds_for  # noqa: E402
+from dpverify_jaxprivacy._core import MICROBATCH, black_box, seeds_for  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep, library_calls  # noqa: E402
 
 __all__ = ["KerasCall", "KerasRun", "private_model", "smallest_accepted_noise", "train_keras"]
@@ -51,13 +52,11 @@ _LOCK = threading.Lock()
 
 @dataclass(frozen=True, kw_only=True)
 class KerasCall:
-    """How the user calls the Keras API: ``accumulation`` gradient-accumulation steps per update,
-    ``poisson`` for ``poisson_sampling_in_fit`` (False: the API's default, fixed batches of a shuffled
-    dataset), and ``user_noise``: the user sets ``noise_multiplier`` to the smallest the config accepts,
-    instead of leaving it to the library's calibration."""
+    """How the user calls the Keras API (always with ``poisson_sampling_in_fit=True``): ``accumulation``
+    gradient-accumulation steps per update, and ``user_noise``: the user sets ``noise_multiplier`` to the
+    smallest the config accepts, instead of leaving it to the library's calibration."""
 
     accumulation: int = 1
-    poisson: bool = True
     user_noise: bool = False
 
 
@@ -147,8 +146,8 @@ def private_model(config: _Configuration) -> tuple[keras.Model, list[np.ndarray]
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    # Build the compiled state now (as the library's Poisson fit does, with Keras' own _symbolic_build): a
-    # first fit would otherwise peek at a batch to build it, drawing one more shuffle than every later fit.
+    # Build the compiled state now, with Keras' own _symbolic_build as the library's Poisson fit does, so that
+    # the first fit of a cached model draws its randomness as every later one does.
     model._symbolic_build(data_batch=(np.zeros((1, config.dimension), np.float32), np.zeros(1, np.int64), None))
     return model, [np.asarray(v.value) for v in model.optimizer.variables]
 
@@ -194,7 +193,8 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     physical_steps = hp.steps * k
     dp = dict(
         delta=hp.delta, clipping_norm=float(hp.max_grad_norm), batch_size=batch_size, gradient_accumulation_steps=k,
-        train_steps=physical_steps, train_size=n, poisson_sampling_in_fit=call.poisson,
+        train_steps=physical_steps, train_size=n, poisson_sampling_in_fit=True,
+        microbatch_size=min(MICROBATCH, batch_size),
     )
     epsilon = hp.target_epsilon
     sigma = hp.noise_multiplier
@@ -221,11 +221,8 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
         model, optimizer_state = private_model(config)
         _reset(model, optimizer_state, _initial_weights(config, seeds.init), seeds.noise)
         model._dp_params = dataclasses.replace(config.dp, seed=seeds.sampling)  # the library's own sampler seed
-        keras.utils.set_random_seed(seeds.sampling)  # Keras shuffles the order of batches, or the records
-        fit = dict(batch_size=batch_size, epochs=1, steps_per_epoch=physical_steps, verbose=0)
-        if not call.poisson:
-            fit = dict(batch_size=batch_size, epochs=physical_steps // max(1, n // batch_size), shuffle=True, verbose=0)
-        model.fit(features, labels, **fit)
+        keras.utils.set_random_seed(seeds.sampling)  # Keras shuffles the order of the Poisson batches
+        model.fit(features, labels, batch_size=batch_size, epochs=1, steps_per_epoch=physical_steps, verbose=0)
         sigma = float(model.get_noise_multiplier())
         weights = [np.asarray(variable.value) for variable in model.trainable_weights]
     names = ("w1", "b1", "w", "b") if config.hidden_width else ("w", "b")
