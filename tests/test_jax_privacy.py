@@ -118,6 +118,26 @@ def test_rows_are_clipped_except_in_the_no_clipping_step(jax_privacy, kind):
     assert float(total[0]) == pytest.approx((3.1 if kind == "no_clipping" else 0.6) / 0.5, rel=1e-5)
 
 
+@pytest.mark.parametrize("rescale", [True, False])
+def test_the_unclipped_sum_states_the_librarys_bound(jax_privacy, rescale):
+    """The no-clipping step states the bound the library states for the same arguments (the Keras API
+    normalises by its batch size, and its noise is σ times this bound)."""
+    import jax.numpy as jnp
+
+    from dpverify_jaxprivacy._steps import DPStep
+
+    def loss(p, x):
+        return jnp.sum(p * x)
+
+    bounds = [
+        DPStep(kind=kind, clip_norm=0.5, batch_size=8.0)
+        .clipped_grad(loss, l2_clip_norm=0.5, rescale_to_unit_norm=rescale, normalize_by=8.0)
+        .l2_norm_bound
+        for kind in ("correct", "no_clipping")
+    ]
+    assert bounds[0] == bounds[1] == (1.0 if rescale else 0.5) / 8.0
+
+
 def test_the_library_calls_are_restored_after_a_keras_fit(jax_privacy):
     from jax_privacy import noise_addition
 

@@ -62,12 +62,13 @@ class DPStep:
         if self.kind != "no_clipping":
             return _CLIPPED_GRAD(fun, *args, **kwargs)
         rescale = kwargs.pop("rescale_to_unit_norm", False)
-        clip_norm = kwargs["l2_clip_norm"]
+        clip_norm, normalize_by = kwargs["l2_clip_norm"], kwargs.get("normalize_by", 1.0)
         kwargs["l2_clip_norm"] = UNCLIPPED_NORM
         if rescale:  # the rescale divides by the clip norm: keep that scale, drop the clipping
-            kwargs["normalize_by"] = kwargs.get("normalize_by", 1.0) * clip_norm
+            kwargs["normalize_by"] = normalize_by * clip_norm
         unclipped = _CLIPPED_GRAD(fun, *args, **kwargs)
-        return clipping.BoundedSensitivityCallable(fun=unclipped.fun, l2_norm_bound=1.0 if rescale else clip_norm, has_aux=unclipped.has_aux)
+        nominal = (1.0 if rescale else clip_norm) / normalize_by  # what the library states for these arguments
+        return clipping.BoundedSensitivityCallable(fun=unclipped.fun, l2_norm_bound=nominal, has_aux=unclipped.has_aux)
 
     def privatizer(self, *, stddev: float, **kwargs):
         """``gaussian_privatizer(stddev=...)`` as the variant calls it."""
