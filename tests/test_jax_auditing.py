@@ -69,6 +69,15 @@ def test_each_threshold_is_tested_at_the_bonferroni_level():
     assert result.per_threshold_confidence == pytest.approx(1 - 0.05 / 4)
 
 
+def test_every_threshold_family_divides_by_all_m_plus_one_rules_and_bounds_no_higher():
+    in_scores, out_scores = _deterministic_normal(1.0, 500), _deterministic_normal(0.0, 500)
+    hull = threshold_epsilon_lower_bound(in_scores, out_scores, method="steinke", delta=1e-6)
+    every = threshold_epsilon_lower_bound(in_scores, out_scores, method="steinke", delta=1e-6, family="every_threshold")
+    assert every.tests == 1001
+    assert every.per_threshold_confidence == pytest.approx(1 - 0.05 / 1001)
+    assert 0 < every.epsilon <= hull.epsilon
+
+
 def test_clopper_pearson_threshold_bound_is_zero_on_identical_scores():
     scores = _deterministic_normal(0.0, 1000)
     assert threshold_epsilon_lower_bound(scores, scores, method="clopper_pearson", delta=1e-6).epsilon == 0.0
@@ -82,6 +91,10 @@ def test_clopper_pearson_threshold_bound_is_zero_on_identical_scores():
         (lambda: roc_hull([np.nan], [1.0]), r"in_scores must be finite"),
         (lambda: threshold_epsilon_lower_bound([1.0], [0.0], method="gdp", delta=1e-6), r"method must be one of"),
         (lambda: threshold_epsilon_lower_bound([1.0], [0.0], method="steinke", delta=2.0), r"delta must be in"),
+        (
+            lambda: threshold_epsilon_lower_bound([1.0], [0.0], method="steinke", delta=1e-6, family="all"),
+            r"family must be one of",
+        ),
     ],
 )
 def test_bad_input_raises(call, message):

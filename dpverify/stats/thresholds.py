@@ -17,10 +17,12 @@ import numpy as np
 from dpverify._validation import check_choice
 from dpverify.stats.bounds import clopper_pearson_epsilon, epsilon_lower_bound, fdp_epsilon_lower_bound
 
-__all__ = ["METHODS", "RocHull", "ThresholdBound", "roc_hull", "threshold_epsilon_lower_bound"]
+__all__ = ["FAMILIES", "METHODS", "RocHull", "ThresholdBound", "roc_hull", "threshold_epsilon_lower_bound"]
 
 Method = Literal["steinke", "fdp", "clopper_pearson"]
 METHODS: tuple[str, ...] = ("steinke", "fdp", "clopper_pearson")
+Family = Literal["hull", "every_threshold"]
+FAMILIES: tuple[str, ...] = ("hull", "every_threshold")
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,8 @@ class RocHull:
 
 @dataclass(frozen=True)
 class ThresholdBound:
-    """The largest bound over the hull's thresholds and the threshold that gave it.
-
-    Each of the ``tests`` thresholds is bounded at confidence ``1 − (1 − confidence)/tests`` (Bonferroni),
-    ``per_threshold_confidence``. The hull is read off the scores, so ``tests`` is itself random; the
-    correction divides by the vertices found, not by all m + 1 possible thresholds, which is what
-    ``jax_privacy.auditing`` does and is more lenient than a grid declared in advance."""
+    """The largest bound over the hull's thresholds and the threshold that gave it; each threshold is
+    bounded at ``per_threshold_confidence`` = ``1 − (1 − confidence)/tests`` (Bonferroni over ``tests``)."""
 
     epsilon: float
     threshold: float
@@ -75,7 +73,7 @@ def roc_hull(in_scores, out_scores) -> RocHull:
 
 
 def threshold_epsilon_lower_bound(
-    in_scores, out_scores, *, method: Method, delta: float, confidence: float = 0.95
+    in_scores, out_scores, *, method: Method, delta: float, confidence: float = 0.95, family: Family = "hull"
 ) -> ThresholdBound:
     r"""The largest ε that the guesses "member above t" refute, over the thresholds t of :func:`roc_hull`.
 
@@ -90,12 +88,19 @@ def threshold_epsilon_lower_bound(
       directions (Nasr et al. 2021). Its rates are of independent trials, as from separate training
       runs; the canaries of one run are not that, so on one run's scores it is not a proven bound.
 
-    Each at confidence :math:`1 - (1 - \text{confidence})/K` for the K hull thresholds; the maximum
-    is returned with its threshold (the lowest such threshold on ties).
+    Each at confidence :math:`1 - (1 - \text{confidence})/K`; the maximum is returned with its threshold
+    (the lowest such threshold on ties). ``family`` says what K counts:
+
+    * ``"hull"``: the K hull vertices, as ``jax_privacy.auditing``'s ``Bonferroni()`` does. The hull is
+      drawn with the membership labels, so the family is chosen after seeing the outcome and the
+      correction is not a proof: the maximum may exceed the true ε more often than 1 − confidence;
+    * ``"every_threshold"``: K = m + 1, every "top r scores" rule (r = 0 … m), a family fixed before the
+      scores, of which the hull is a subset. Sound: each rule's guesses depend on the scores only.
     """
     check_choice("method", method, METHODS)
+    check_choice("family", family, FAMILIES)
     hull = roc_hull(in_scores, out_scores)
-    tests = hull.thresholds.size
+    tests = hull.thresholds.size if family == "hull" else hull.positives + hull.negatives + 1
     per_threshold = 1.0 - (1.0 - confidence) / tests
     m = hull.positives + hull.negatives
     if method == "clopper_pearson":
