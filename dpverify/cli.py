@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import json
 import os
 import shlex
@@ -327,7 +328,7 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
 
 def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import run_audit
-    from dpverify.environments import Environment, delegate, plan_entry, run_delegation
+    from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, start_delegation
     from dpverify.gate import gate_audits
     from dpverify.registry import EXTRA_ENVIRONMENTS, registered_implementations
     from dpverify.session import AuditSession, audit_entry, outcome_as_expected
@@ -377,6 +378,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
+    running = [start_delegation(delegation, forwarded_options(args), session=session) for delegation in delegations]
     try:
         for index, (audit, implementation, config) in enumerate(plan, start=1):
             label = f"[{index}/{len(plan)}] {_audit_name(audit)}"
@@ -396,12 +398,15 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
                 from dpverify.plots import save_audit_plots
 
                 save_audit_plots(result, args.plots)
-        for delegation in delegations:
-            run_delegation(delegation, forwarded_options(args), session=session)
+        while running:
+            finish_delegation(running.pop(0), session=session)
             session.write_report(complete=False)
     except KeyboardInterrupt:
         if progress is not None:
             progress.finish("interrupted")
+        while running:  # the other environments saw the Ctrl-C too: keep what their reports hold
+            with contextlib.suppress(KeyboardInterrupt):
+                finish_delegation(running.pop(0), session=session)
         total = len(plan) + sum(len(delegation.planned) for delegation in delegations)
         print(
             f"dpverify: interrupted; {len(session.results)} of {total} audit(s) finished, "
@@ -411,6 +416,10 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         _conclude(session, stopped="interrupted")
         return INTERRUPTED
     finally:
+        for orphan in running:  # an error here ended the session: stop the audits it started elsewhere
+            orphan.process.kill()
+            orphan.process.wait()
+            orphan.directory.cleanup()
         session.close()
     comparison = _compare(session, baseline)
     _conclude(session)

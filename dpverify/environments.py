@@ -94,29 +94,61 @@ def delegate(
     return delegations
 
 
-def run_delegation(delegation: Delegation, argv: Sequence[str], *, session: AuditSession) -> None:
-    """Run the delegated audits in their environment (its progress on this stderr) and add its report's
-    entries to ``session.results`` (each naming the ``environment`` that ran it), an ``error`` entry for
-    each audit it owed and did not report. A
-    Ctrl-C reaches both processes: the other one finishes its report, which is folded in, then the
-    interrupt goes on."""
+@dataclass
+class RunningDelegation:
+    """A delegation whose environment is auditing now, alongside this one: its process, the report it
+    writes and the log its progress goes to."""
+
+    delegation: Delegation
+    process: subprocess.Popen
+    directory: tempfile.TemporaryDirectory
+
+    @property
+    def report(self) -> Path:
+        return Path(self.directory.name) / "report.json"
+
+    @property
+    def log(self) -> Path:
+        return Path(self.directory.name) / "progress.log"
+
+
+def start_delegation(delegation: Delegation, argv: Sequence[str], *, session: AuditSession) -> RunningDelegation:
+    """Start the delegated audits in their environment, alongside this process's own: the families share
+    the machine's cores instead of waiting for each other. Its progress goes to a log, shown when it ends."""
     environment = delegation.environment
     print(
-        f"dpverify: {len(delegation.planned)} audit(s) of {', '.join(delegation.names)} in {environment.given} "
-        f"({environment.python})",
+        f"dpverify: {len(delegation.planned)} audit(s) of {', '.join(delegation.names)} run in {environment.given} "
+        f"({environment.python}) alongside; their progress follows when they end",
         file=sys.stderr,
     )
-    with tempfile.TemporaryDirectory(prefix="dpverify-env-") as directory:
-        report = Path(directory) / "report.json"
-        command = [*delegation.names, *argv, "--planned-audits", str(session.planned_audits), "--report", str(report)]
-        process = subprocess.Popen([str(environment.python), "-m", "dpverify", "audit", *command], stdout=subprocess.DEVNULL)
-        interrupted = False
-        try:
-            status = process.wait()
-        except KeyboardInterrupt:
-            interrupted = True
-            status = process.wait()
-        entries, problem = _reported(report, status)
+    directory = tempfile.TemporaryDirectory(prefix="dpverify-env-")
+    report = Path(directory.name) / "report.json"
+    command = [*delegation.names, *argv, "--planned-audits", str(session.planned_audits), "--report", str(report)]
+    with open(Path(directory.name) / "progress.log", "wb") as log:
+        process = subprocess.Popen(
+            [str(environment.python), "-m", "dpverify", "audit", *command], stdout=subprocess.DEVNULL, stderr=log
+        )
+    return RunningDelegation(delegation=delegation, process=process, directory=directory)
+
+
+def finish_delegation(running: RunningDelegation, *, session: AuditSession) -> None:
+    """Wait for a started delegation, show its progress log, and add its report's entries to
+    ``session.results`` (each naming the ``environment`` that ran it), an ``error`` entry for each audit it
+    owed and did not report. A Ctrl-C reaches both processes: the other one finishes its report, which is
+    folded in, then the interrupt goes on."""
+    delegation, process = running.delegation, running.process
+    environment = delegation.environment
+    interrupted = False
+    try:
+        status = process.wait()
+    except KeyboardInterrupt:
+        interrupted = True
+        status = process.wait()
+    try:
+        sys.stderr.write(running.log.read_text(encoding="utf-8", errors="replace"))
+        entries, problem = _reported(running.report, status)
+    finally:
+        running.directory.cleanup()
     reported = {entry.get("nodeid") for entry in entries}
     missing = [planned for planned in delegation.planned if planned["nodeid"] not in reported]
     if missing and not interrupted:
