@@ -24,5 +24,7 @@ jax_tests=()
 for file in tests/test_jax_privacy.py tests/test_jax_auditing.py; do
   [ -f "$file" ] && jax_tests+=("$file")
 done
-.venvs/jax/bin/pytest --dp-audit -n 2 --dp-audit-implementations='jax-privacy-*' "${jax_tests[@]}" dp-audit "${jax_args[@]}" || status=$?
+# XLA, like torch above, one thread a worker (its default takes every core in each of the two workers).
+XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1}" \
+  .venvs/jax/bin/pytest --dp-audit -n 2 --dp-audit-implementations='jax-privacy-*' "${jax_tests[@]}" dp-audit "${jax_args[@]}" || status=$?
 exit "$status"
