@@ -26,7 +26,7 @@ optimizer state, the library's step counter and noise key, and the config's samp
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import copy
 import functools
 import io
 import threading
@@ -165,6 +165,14 @@ def _reset(model: keras.Model, optimizer_state: list[np.ndarray], weights: list[
             variable.assign(np.zeros(variable.shape, dtype=np.uint32))
 
 
+def _seeded(config: keras_api.DPKerasConfig, seed: int) -> keras_api.DPKerasConfig:
+    """``config`` with the seed of the library's Poisson sampler (a copy: ``dataclasses.replace`` would
+    validate it again, a PLD account per run, for a change of seed alone)."""
+    seeded = copy.copy(config)
+    object.__setattr__(seeded, "seed", seed)
+    return seeded
+
+
 def _batch_size(request: TrainingRequest, accumulation: int) -> int:
     """The physical batch size: the designated normaliser over the accumulation steps (rounded down with
     accumulation, whose run drops the remainder; whole otherwise)."""
@@ -220,7 +228,7 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     with _LOCK, library_calls(step), contextlib.redirect_stdout(io.StringIO()):  # its calibration prints
         model, optimizer_state = private_model(config)
         _reset(model, optimizer_state, _initial_weights(config, seeds.init), seeds.noise)
-        model._dp_params = dataclasses.replace(config.dp, seed=seeds.sampling)  # the library's own sampler seed
+        model._dp_params = _seeded(config.dp, seeds.sampling)
         keras.utils.set_random_seed(seeds.sampling)  # Keras shuffles the order of the Poisson batches
         model.fit(features, labels, batch_size=batch_size, epochs=1, steps_per_epoch=physical_steps, verbose=0)
         sigma = float(model.get_noise_multiplier())
