@@ -51,10 +51,12 @@ def simulate_runs(draw_scores, seed: int, *, runs=RUNS, per_run=PER_RUN, audits=
 
 def combined_rejections(claim: ClaimedRun, counts: np.ndarray, correct: np.ndarray) -> int:
     """Audits whose combined p-value is at most the level split over the grid, for any count. Each run's
-    bound depends on (count, correct) alone, so it is computed once per pair and looked up."""
+    bound depends on (count, correct) alone, so it is computed once per distinct pair and looked up."""
     per_run = int(counts.max())
-    possible = np.minimum(np.arange(per_run + 1)[None, :], counts[:, None])
-    table = run_decades(per_run, counts[:, None], possible, claim.curve().inverse_complement)
+    possible = np.minimum(np.arange(per_run + 1)[None, :], counts[:, None])  # correct <= count: pairs repeat
+    pairs = np.stack(np.broadcast_arrays(counts[:, None], possible)).reshape(2, -1)
+    pairs, where = np.unique(pairs, axis=1, return_inverse=True)
+    table = run_decades(per_run, *pairs, claim.curve().inverse_complement)[where.ravel()].reshape(possible.shape)
     decades = table[np.arange(counts.size), correct].sum(axis=1)  # (audits, grid)
     p_values = fisher_combination(decades, runs=correct.shape[1])
     return int(np.sum(np.any(p_values <= LEVEL / RULE.tries, axis=1)))
