@@ -254,7 +254,7 @@ def test_the_two_world_design_reaches_the_finding_through_the_marker(pytester):
         """
     )
     report = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-p", "no:cacheprovider", "--dp-audit", "--dp-audit-seed=0", "--dp-audit-implementations=none",
         f"--dp-audit-report={report}",
     )
