@@ -330,7 +330,8 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import run_audit
     from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, start_delegation
     from dpverify.gate import gate_audits
-    from dpverify.registry import EXTRA_ENVIRONMENTS, registered_implementations
+    from dpverify.contract import EXTRA_ENVIRONMENTS
+    from dpverify.registry import registered_implementations
     from dpverify.session import AuditSession, audit_entry, outcome_as_expected
 
     if not args.names and not args.all:

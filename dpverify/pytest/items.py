@@ -80,7 +80,7 @@ class DPAuditItem(pytest.Item):
 def unavailable_record(implementation: Any) -> dict[str, Any]:
     """Why ``implementation`` cannot run here, for the summary: its family (its extra, else its library),
     the modules missing and how to get them."""
-    from dpverify.registry import install_hint
+    from dpverify.contract import install_hint
 
     info, missing = implementation.info, implementation.missing_requirements()
     return {"implementation": info.name, "family": info.extra or info.library, "missing": list(missing), "hint": install_hint(info.extra, missing)}
