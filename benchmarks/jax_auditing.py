@@ -1,6 +1,6 @@
 """JAX-Privacy's own auditor (``jax_privacy.auditing``, 2.0.0) beside ours, on the same scores.
 
-    KERAS_BACKEND=jax PYTHONPATH=.:plugins /tmp/jaxenv/bin/python benchmarks/jax_auditing.py \\
+    KERAS_BACKEND=jax .venvs/jax/bin/python benchmarks/jax_auditing.py \\
         --implementation test-numpy-dpsgd --seeds 3 --trials 200
 
 Two parts, written to ``benchmarks/results/jax-privacy-auditor.md``:
@@ -44,7 +44,8 @@ from dpverify.results import AuditResult
 from dpverify.stats.curves import ClaimedRun
 from dpverify.stats.scoring import GuessRule
 from dpverify.stats.thresholds import roc_hull, threshold_epsilon_lower_bound
-from tests.doubles import NumpyDPSGD
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.doubles: the numpy DP-SGD double
+from tests.doubles import NumpyDPSGD  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIGNIFICANCE = 0.05
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--simulation-seed", type=int, default=0)
     parser.add_argument("--output", default=str(RESULTS / "jax-privacy-auditor.md"))
     args = parser.parse_args(argv)
-    command = "KERAS_BACKEND=jax PYTHONPATH=.:plugins /tmp/jaxenv/bin/python benchmarks/jax_auditing.py " + " ".join(argv or sys.argv[1:])
+    command = "KERAS_BACKEND=jax .venvs/jax/bin/python benchmarks/jax_auditing.py " + " ".join(argv or sys.argv[1:])
     config = profile_config("quick")
     header = [
         "# JAX-Privacy's auditor beside ours, on the same scores",
