@@ -15,7 +15,6 @@ from dpverify.contract import Implementation
 
 ENTRY_POINT_GROUP = "dpverify.implementations"
 
-
 _registry: dict[str, Implementation] = {}
 _bundled: set[str] = set()
 _entry_points_loaded = False

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from dpverify.contract import TrainingRequest
+from dpverify.seeds import Seeds, seeds_for  # noqa: F401  (part of this module's helpers, see __all__)
 
 __all__ = [
     "Seeds",
@@ -45,21 +45,6 @@ __all__ = [
     "black_boxes",
     "as_tensors",
 ]
-
-
-@dataclass(frozen=True)
-class Seeds:
-    """Independent seeds for the three random parts of a DP-SGD run, derived from one request seed."""
-
-    init: int
-    sampling: int
-    noise: int
-
-
-def seeds_for(seed: int) -> Seeds:
-    """Derive independent init, sampling and noise seeds from ``seed`` (numpy ``SeedSequence``)."""
-    init, sampling, noise = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint32)
-    return Seeds(init=int(init), sampling=int(sampling), noise=int(noise))
 
 
 def seed_everything(seed: int) -> None:

@@ -16,7 +16,6 @@ PRNG key derived from its seed.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Callable
 
 from dpverify_jaxprivacy._jax import jax, jnp
@@ -27,9 +26,10 @@ from jax_privacy import batch_selection  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 
 from dpverify.contract import TrainingRequest  # noqa: E402
+from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep  # noqa: E402
 
-__all__ = ["padding_multiple", "Seeds", "seeds_for", "init_params", "logits", "black_box", "train_core"]
+__all__ = ["padding_multiple", "init_params", "logits", "black_box", "train_core"]
 
 def padding_multiple(batch_size: int) -> int:
     """What a batch of ``batch_size`` records is padded to a multiple of: 64, or a quarter of the largest power
@@ -37,20 +37,6 @@ def padding_multiple(batch_size: int) -> int:
     seconds to compile, a padded row a fraction of a millisecond; a full-batch run of N ≈ 1250 ± 25 canaries
     is padded to 1280, sometimes 1536, instead of a new size per run)."""
     return max(64, 2 ** max(0, int(batch_size).bit_length() - 3))
-
-
-@dataclass(frozen=True)
-class Seeds:
-    """Independent seeds for a run's model init, sampling and noise, derived from one request seed."""
-
-    init: int
-    sampling: int
-    noise: int
-
-
-def seeds_for(seed: int) -> Seeds:
-    init, sampling, noise = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint32)
-    return Seeds(init=int(init), sampling=int(sampling), noise=int(noise))
 
 
 def init_params(request: TrainingRequest, seed: int) -> dict[str, jax.Array]:

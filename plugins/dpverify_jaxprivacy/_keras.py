@@ -42,7 +42,8 @@ from jax_privacy import keras_api  # noqa: E402
 
 from dpverify.contract import PrivacyClaim, TrainingRequest  # noqa: E402
 from dpverify_jaxprivacy import _accounting  # noqa: E402
-from dpverify_jaxprivacy._core import MICROBATCH, black_box, seeds_for  # noqa: E402
+from dpverify.seeds import seeds_for  # noqa: E402
+from dpverify_jaxprivacy._core import MICROBATCH, black_box  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep, library_calls  # noqa: E402
 
 __all__ = ["KerasCall", "KerasRun", "private_model", "smallest_accepted_noise", "train_keras"]
@@ -80,14 +81,13 @@ class _Configuration:
     kind: str
 
 
-def smallest_accepted_noise(*, epsilon: float, delta: float, clipping_norm: float, batch_size: int, accumulation: int, train_steps: int, train_size: int) -> float:
+@functools.lru_cache(maxsize=64)
+def smallest_accepted_noise(
+    *, epsilon: float, delta: float, clipping_norm: float, batch_size: int, accumulation: int, train_steps: int, train_size: int
+) -> float:
     """The smallest noise multiplier ``DPKerasConfig`` accepts for ``epsilon`` (bisection on the config's own
     validation, to 0.1 %): what a user who lowers σ until the library refuses ends up with."""
-    return _smallest_accepted(epsilon, delta, clipping_norm, batch_size, accumulation, train_steps, train_size)
 
-
-@functools.lru_cache(maxsize=64)
-def _smallest_accepted(epsilon, delta, clipping_norm, batch_size, accumulation, train_steps, train_size) -> float:
     def accepted(sigma: float) -> bool:
         try:
             keras_api.DPKerasConfig(
