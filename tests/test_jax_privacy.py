@@ -151,6 +151,19 @@ def test_the_library_calls_are_restored_after_a_keras_fit(jax_privacy):
     assert (jax_privacy.clipped_grad, noise_addition.gaussian_privatizer) == before
 
 
+def test_the_core_step_is_traced_once_for_runs_of_other_sizes_and_noise(jax_privacy):
+    """Runs whose size, normaliser and σ differ but whose padded batch has the same shape share one traced
+    step (a trace costs seconds, a step of this size milliseconds): the noise's stddev and the update's scale
+    are the traced step's arguments, never its constants."""
+    from dpverify_jaxprivacy import _core
+
+    _core._traced_step.cache_clear()
+    for num_records, sigma in ((60, 1.0), (50, 3.0)):
+        request = small_request(num_records=num_records, sampling_rate=1.0, noise_multiplier=sigma)
+        _core.train_core(request, "correct", sigma)
+    assert _core._traced_step.cache_info().currsize == 1
+
+
 @pytest.mark.parametrize("name", CORRECT)
 def test_conformance(jax_privacy, name):
     run_conformance(implementation(name))

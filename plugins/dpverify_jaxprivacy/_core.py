@@ -27,7 +27,7 @@ from scipy.special import log_softmax  # noqa: E402
 
 from dpverify.contract import TrainingRequest  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
-from dpverify_jaxprivacy._steps import DPStep  # noqa: E402
+from dpverify_jaxprivacy._steps import LIBRARY_PRIVATIZER, DPStep  # noqa: E402
 
 __all__ = ["padding_multiple", "init_params", "logits", "black_box", "train_core"]
 
@@ -83,9 +83,11 @@ MICROBATCH = 128
 
 
 @functools.lru_cache(maxsize=64)
-def _traced_step(step: DPStep, noise_multiplier: float, microbatch_size: int):
-    """The jitted DP step for one configuration: (params, noise state, x, y, padding, scale) -> (params,
-    noise state)."""
+def _traced_step(step: DPStep, microbatch_size: int):
+    """The clipped sum's ``l2_norm_bound`` and the jitted DP step (params, noise state, x, y, padding, stddev,
+    scale) -> (params, noise state), traced once per variant, clip norm and microbatch size and padded batch
+    shape: the noise's stddev and the update's scale are arguments, so runs with another σ or normaliser reuse
+    it."""
 
     def example_loss(params, features, labels):
         return optax.softmax_cross_entropy_with_integer_labels(logits(params, features), labels).sum()
@@ -97,16 +99,15 @@ def _traced_step(step: DPStep, noise_multiplier: float, microbatch_size: int):
         batch_argnums=(1, 2),
         microbatch_size=microbatch_size,
     )
-    # The update reads only the state it is given, never the key the privatizer was built with.
-    privatizer = step.privatizer(stddev=noise_multiplier * clipped_sum.l2_norm_bound, prng_key=0)
 
     @jax.jit
-    def dp_step(params, noise_state, features, labels, is_padding, scale):
+    def dp_step(params, noise_state, features, labels, is_padding, stddev, scale):
         grads = clipped_sum(params, features, labels, is_padding_example=is_padding)
-        noisy, noise_state = privatizer.update(grads, noise_state)
+        # The update reads only the state it is given, never the key the privatizer was built with.
+        noisy, noise_state = LIBRARY_PRIVATIZER(stddev=stddev, prng_key=0).update(grads, noise_state)
         return jax.tree.map(lambda p, g: p - scale * g, params, noisy), noise_state
 
-    return privatizer, dp_step
+    return clipped_sum.l2_norm_bound, dp_step
 
 
 def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> Callable[[np.ndarray], np.ndarray]:
@@ -116,7 +117,8 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
     step = DPStep(kind=kind, clip_norm=float(hp.max_grad_norm), batch_size=float(normaliser))
     seeds = seeds_for(request.seed)
     params = init_params(request, seeds.init)
-    noise_state = None  # the privatizer's state: its key, drawn from the run's seed, at the first step
+    # The privatizer's state: its key, drawn from the run's seed, and the (empty) state of its noising matrix.
+    noise_state = LIBRARY_PRIVATIZER(stddev=0.0, prng_key=jax.random.key(seeds.noise)).init(params)
     scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / normaliser)
     sampler = batch_selection.CyclicPoissonSampling(sampling_prob=hp.sampling_rate, iterations=hp.steps)
     features, labels = request.features, request.labels
@@ -126,11 +128,10 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
         if padded.size == 0:  # an empty Poisson batch: one all-padding block keeps the step (noise only)
             padded = np.full(padding_multiple(0), -1, dtype=np.int64)
         is_padding = padded < 0
-        privatizer, dp_step = _traced_step(step, float(noise_multiplier), min(MICROBATCH, padding_multiple(batch.size)))
-        if noise_state is None:
-            noise_state = (jax.random.key(seeds.noise), privatizer.init(params)[1])
+        l2_norm_bound, dp_step = _traced_step(step, min(MICROBATCH, padding_multiple(batch.size)))
+        stddev = jnp.float32(step.noise_stddev(float(noise_multiplier) * l2_norm_bound))
         rows = np.where(is_padding, 0, padded)
-        params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, scale)
+        params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, stddev, scale)
         if request.progress is not None:
             request.progress(taken, hp.steps)
     return black_box(params)

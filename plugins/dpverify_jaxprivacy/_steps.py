@@ -25,12 +25,12 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax_privacy
 from jax_privacy import clipping, noise_addition
 
-__all__ = ["DP_STEPS", "UNCLIPPED_NORM", "DPStep", "library_calls"]
+__all__ = ["DP_STEPS", "LIBRARY_PRIVATIZER", "UNCLIPPED_NORM", "DPStep", "library_calls"]
 
 DP_STEPS: tuple[str, ...] = ("correct", "no_noise", "no_clipping", "noise_for_mean", "noise_for_clip_norm")
 
@@ -40,17 +40,20 @@ UNCLIPPED_NORM = 1e30
 #: The library's own functions, kept before :func:`library_calls` ever replaces them.
 _CLIPPED_GRAD = jax_privacy.clipped_grad
 _GAUSSIAN_PRIVATIZER = noise_addition.gaussian_privatizer
+#: ``gaussian_privatizer`` as the library ships it, for callers that build one inside a trace.
+LIBRARY_PRIVATIZER = _GAUSSIAN_PRIVATIZER
 _SWAP_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPStep:
     """JAX-Privacy's two DP calls as the variant ``kind`` makes them, for clip norm ``clip_norm`` and a batch
-    of ``batch_size`` (what ``noise_for_mean`` divides by)."""
+    of ``batch_size`` (what ``noise_for_mean`` divides by). Steps that differ only in ``batch_size`` compare
+    equal: it sizes the noise (:meth:`noise_stddev`), never the clipped sum, so they share a traced step."""
 
     kind: str
     clip_norm: float
-    batch_size: float
+    batch_size: float = field(compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in DP_STEPS:
@@ -70,8 +73,8 @@ class DPStep:
         nominal = (1.0 if rescale else clip_norm) / normalize_by  # what the library states for these arguments
         return clipping.BoundedSensitivityCallable(fun=unclipped.fun, l2_norm_bound=nominal, has_aux=unclipped.has_aux)
 
-    def privatizer(self, *, stddev: float, **kwargs):
-        """``gaussian_privatizer(stddev=...)`` as the variant calls it."""
+    def noise_stddev(self, stddev: float) -> float:
+        """The standard deviation the variant gives ``gaussian_privatizer`` where the library gives ``stddev``."""
         if self.kind == "no_noise":
             stddev = 0.0
         elif self.kind == "noise_for_mean":
@@ -80,7 +83,11 @@ class DPStep:
             stddev = stddev * self.clip_norm
         if not math.isfinite(stddev):
             raise ValueError(f"the noise's standard deviation is {stddev}")
-        return _GAUSSIAN_PRIVATIZER(stddev=stddev, **kwargs)
+        return stddev
+
+    def privatizer(self, *, stddev: float, **kwargs):
+        """``gaussian_privatizer(stddev=...)`` as the variant calls it."""
+        return _GAUSSIAN_PRIVATIZER(stddev=self.noise_stddev(stddev), **kwargs)
 
 
 @contextlib.contextmanager
