@@ -40,7 +40,8 @@ from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras  # noqa: E4
 
 from dpverify.contract import TrainingRequest  # noqa: E402
 from dpverify_tfprivacy._reuse import LOCK, ReusedStep, reused_step  # noqa: E402
-from dpverify_tfprivacy._sampling import kernel_seeds, poisson_batches, seeds_for  # noqa: E402
+from dpverify.seeds import seeds_for  # noqa: E402
+from dpverify_tfprivacy._sampling import kernel_seeds, poisson_batches  # noqa: E402
 
 DPStep = Literal["correct", "no_noise", "no_clipping", "noise_for_mean"]
 DP_STEPS: tuple[str, ...] = ("correct", "no_noise", "no_clipping", "noise_for_mean")

@@ -1,33 +1,20 @@
-"""The input pipeline's Poisson sampler and seed derivation (numpy only, no tensorflow)."""
+"""The input pipeline's Poisson sampler and the initialisers' seeds (numpy only, no tensorflow); the run's
+seeds are :func:`dpverify.seeds.seeds_for`'s, as in every bundled trainer."""
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import numpy as np
 
-__all__ = ["Seeds", "seeds_for", "kernel_seeds", "poisson_batches"]
+from dpverify.seeds import Seeds
 
-
-class Seeds(NamedTuple):
-    """Independent seeds for the initialisation, for batch sampling and for the noise (the DP step's
-    generator)."""
-
-    initialisation: int
-    sampling: int
-    noise: int
-
-
-def seeds_for(seed: int) -> Seeds:
-    """Derive the three seeds from the request seed with numpy's ``SeedSequence`` (its first words do not
-    depend on how many are drawn: the batches are those of the earlier two-seed runs)."""
-    initialisation, sampling, noise = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint32)
-    return Seeds(initialisation=int(initialisation), sampling=int(sampling), noise=int(noise))
+__all__ = ["kernel_seeds", "poisson_batches"]
 
 
 def kernel_seeds(seeds: Seeds, layers: int) -> list[int]:
     """One initialiser seed per layer, from the initialisation seed."""
-    return [int(w) % 2**31 for w in np.random.SeedSequence(seeds.initialisation).generate_state(layers, dtype=np.uint32)]
+    return [int(w) % 2**31 for w in np.random.SeedSequence(seeds.init).generate_state(layers, dtype=np.uint32)]
 
 
 def poisson_batches(num_records: int, sampling_rate: float, steps: int, seed: int) -> Iterator[np.ndarray]:
