@@ -2,6 +2,7 @@
 
     .venvs/torch/bin/python benchmarks/audits.py power        # ε_L against claimed ε, beside the paper's table
     .venvs/torch/bin/python benchmarks/audits.py profiles     # both tests' ε_L per profile, beside the perfect attacker
+        (--implementations opacus-ghost for the committed profiles*.md tables)
     .venvs/torch/bin/python benchmarks/audits.py separation   # the claimed signal the canaries reach, per implementation
     .venvs/torch/bin/python benchmarks/audits.py pooling      # one run of m Dirac canaries against m pooled over 4 runs
     .venvs/torch/bin/python benchmarks/audits.py detection    # every buggy variant × claimed ε × seeds
@@ -187,8 +188,8 @@ def power(args: argparse.Namespace) -> list[str]:
 
 
 def profiles(args: argparse.Namespace) -> list[str]:
-    """Both tests' ε_L of a correct implementation at claimed ε ∈ {1, 2, 4, 8, ∞} for every profile, beside
-    what a perfect attacker reaches at the same m under the same verdict rule."""
+    """Both tests' ε_L of correct implementations (``--implementations``) at claimed ε ∈ {1, 2, 4, 8, ∞} for
+    every profile, beside what a perfect attacker reaches at the same m under the same verdict rule."""
     import numpy as np
 
     from curves import perfect_attacker
@@ -197,24 +198,25 @@ def profiles(args: argparse.Namespace) -> list[str]:
     for profile in args.profiles:
         config = _profile(args, profile)
         for epsilon in args.epsilons:
-            results = [_audit(args, "opacus-ghost", seed=s, profile=profile, epsilon=epsilon) for s in range(args.seeds)]
             ceiling = perfect_attacker(
                 epsilon, config.audit_size, runs=config.pooled_runs, seeds=args.ceiling_seeds, rng=np.random.default_rng(0)
             )
-            _add_row(rows, profile, f"{config.pooled_runs} × {config.audit_size // config.pooled_runs}", epsilon,
-                     _median(r.claimed_epsilon for r in results), _median(r.epsilon_lower_bound for r in results),
-                     ceiling[0], _median(r.curve_epsilon_lower_bound for r in results) if math.isfinite(epsilon) else "",
-                     ceiling[1] if math.isfinite(epsilon) else "", results[0].optimal_epsilon,
-                     sum(r.verdict == "violation" for r in results), _median(r.seconds for r in results))
-    columns = ("profile", "runs × canaries", "target ε", "claimed ε", "median ε_L", "perfect attacker ε_L",
-               "median curve-test ε", "perfect attacker curve ε", "ε_O", "violations", "s / audit")
+            for name in args.implementations:
+                results = [_audit(args, name, seed=s, profile=profile, epsilon=epsilon) for s in range(args.seeds)]
+                _add_row(rows, name, profile, f"{config.pooled_runs} × {config.audit_size // config.pooled_runs}", epsilon,
+                         _median(r.claimed_epsilon for r in results), _median(r.epsilon_lower_bound for r in results),
+                         ceiling[0], _median(r.curve_epsilon_lower_bound for r in results) if math.isfinite(epsilon) else "",
+                         ceiling[1] if math.isfinite(epsilon) else "", results[0].optimal_epsilon,
+                         sum(r.verdict == "violation" for r in results), _median(r.seconds for r in results))
+    columns = ("implementation", "profile", "runs × canaries", "target ε", "claimed ε", "median ε_L",
+               "perfect attacker ε_L", "median curve-test ε", "perfect attacker curve ε", "ε_O", "violations", "s / audit")
     return _header("Power of every profile: both tests beside the perfect attacker", args) + [
-        f"opacus-ghost (a correct implementation), {args.seeds} seed(s) per row. The perfect attacker "
+        f"Correct implementations, {args.seeds} seed(s) per row. The perfect attacker "
         "(benchmarks/curves.py, as ../shared/limits/) scores each canary by the exact likelihood ratio of "
         "the μ-GDP mechanism whose ε at δ = 1e-5 is the target, at the same m, the same guess grid and the "
-        f"same 95 % split between the two tests ({args.ceiling_seeds} simulated audits, median). Opacus "
-        "calibrates σ with its RDP accountant, which overstates ε, so its runs are a little more private "
-        "than the target: the ceiling is the attainable for a mechanism exactly at the target.",
+        f"same 95 % split between the two tests ({args.ceiling_seeds} simulated audits, median). A library "
+        "whose accountant overstates ε (Opacus' RDP) calibrates runs a little more private than the target: "
+        "the ceiling is the attainable for a mechanism exactly at the target.",
         "",
     ] + _table(columns, rows)
 
