@@ -288,7 +288,10 @@ def _one_run(
         # How much likelier the shown suffix is than the other one.
         scores = shown - other
         if canary_config.mode == "dirac":
-            scores = scores - np.median(scores)  # the run's shared offset (its comparison token's noise, its init)
+            # The run's shared offset (its comparison token's noise, its init) set apart from its canaries'
+            # own rows before runs are pooled. The mean, not the median: a run's members and non-members may
+            # split into two clusters (no noise), between which a median jumps with the members' count.
+            scores = scores - scores.mean()
         return scores, membership, None
 
     return request, score
