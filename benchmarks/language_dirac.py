@@ -4,6 +4,7 @@
     .venvs/torch/bin/python benchmarks/language_dirac.py reach         # both tests' ε_L beside a perfect attacker
     .venvs/torch/bin/python benchmarks/language_dirac.py detection     # LM variants and a 2x noise deficit caught
     .venvs/torch/bin/python benchmarks/language_dirac.py false-alarms  # many audits of the correct LM paths
+    .venvs/torch/bin/python benchmarks/language_dirac.py embedding-leak  # is the un-noised embedding a real leak?
 
 Each writes ``benchmarks/results/language-<name>.md`` (``-cuda`` on a GPU) stating the device, the date and
 the command. Numbers here are measurements, never test assertions.
@@ -12,6 +13,7 @@ the command. Numbers here are measurements, never test assertions.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -186,7 +188,43 @@ def false_alarms(args: argparse.Namespace) -> list[str]:
     ] + _table(("implementation", "audits", "violations", "by the curve test", "median ε_L", "s / audit"), rows)
 
 
-BENCHMARKS = {"separation": separation, "reach": reach, "detection": detection, "false-alarms": false_alarms}
+def embedding_leak(args: argparse.Namespace) -> list[str]:
+    """Whether the un-noised embedding is a real leak in the designated transformer: one run of the
+    default's canaries, scored by whether the model answers a canary's prefix exactly as it answers a base
+    token no sequence uses (a prefix row that never moved) — a black-box score built for this bug only."""
+    from dpverify.audits.language import _one_run
+
+    config = LanguageAuditConfig().with_overrides(device=args.device)
+    rows = []
+    for name in ("opacus-lm", "opacus-lm-unnoised-embedding"):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            request, _ = _one_run(dataclasses.replace(config, seed=seed), 0, device=resolve_device(args.device), step_progress=None)
+            trained = _implementation(name).train(request)
+            base_token = 0  # never in a sequence: its embedding row moves only by noise
+            m = config.canaries_per_run[0]
+            prefixes = config.canaries.base_vocab_size + np.arange(m)
+            suffixes = prefixes + m
+            asked = np.stack([prefixes, suffixes], axis=1)
+            reference = np.stack([np.full(m, base_token), suffixes], axis=1)
+            same = trained.token_log_probs(asked)[:, 0] == trained.token_log_probs(reference)[:, 0]
+            member = np.isin(prefixes, request.sequences[:, 0])
+            _add_row(rows, name, seed, f"{same[member].mean():.0%}", f"{same[~member].mean():.0%}")
+    return _header("Is the un-noised embedding a real leak in the designated transformer?", args) + [
+        "One run of 1000 Dirac token canaries (the default's first run, claimed ε = 2) per row. A canary's answer "
+        "is 'unchanged' when log p(s_i | p_i) equals, to the last bit, log p(s_i | b) for a base token b that no "
+        "sequence contains. With Opacus' noise every embedding row moves; without it on the embedding, a "
+        "non-member's prefix row never moves, a member's does.",
+        "",
+    ] + _table(("implementation", "seed", "members unchanged", "non-members unchanged"), rows)
+
+
+BENCHMARKS = {
+    "separation": separation,
+    "reach": reach,
+    "detection": detection,
+    "false-alarms": false_alarms,
+    "embedding-leak": embedding_leak,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
