@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from dpverify.audits.steps import (
     Progress,
     audit_streams,
     audit_through_contract,
+    each_pooled_run,
     membership_after_training,
     membership_before_training,
     present_pair,
@@ -237,17 +238,9 @@ def run_language_audit(
     pooled = f" in {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
     say(f"training {implementation.info.name} on {config.audit_size} token canaries{pooled} ({device})")
 
-    def runs() -> Iterator[tuple[SequenceRequest, Callable[[SequenceModel], tuple[np.ndarray, np.ndarray, None]]]]:
-        for run in range(config.pooled_runs):
-            started = time.perf_counter()
-            prepared = _one_run(config, run, device=device, step_progress=step_progress)
-            clock.auditor_seconds += time.perf_counter() - started
-            if config.pooled_runs > 1:
-                say(f"training run {run + 1} of {config.pooled_runs}")
-            yield prepared
-
+    runs = each_pooled_run(config, _one_run, device=device, clock=clock, step_progress=step_progress, say=say)
     return audit_through_contract(
-        implementation, config, runs(), m=config.audit_size, clock=clock, say=say, device=device, returns=SequenceModel
+        implementation, config, runs, m=config.audit_size, clock=clock, say=say, device=device, returns=SequenceModel
     )  # type: ignore[arg-type]  # the shared steps read only what both configs have
 
 

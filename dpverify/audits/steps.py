@@ -25,7 +25,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel, TrainingRequest
+from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, StepProgress, TrainedModel, TrainingRequest
 from dpverify.results import AuditResult
 from dpverify.stats.accounting import optimistic_epsilon
 from dpverify.stats.bounds import epsilon_lower_bound
@@ -759,6 +759,28 @@ def train_and_score(
     not_designated = designated_model_defect(trained, request)
     clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
     return ScoredRun(scores, membership, accuracy, trained.claim, trained.device, not_designated)
+
+
+def each_pooled_run(
+    config: Any,
+    one_run: Callable[..., tuple[Request, Scorer]],
+    *,
+    device: str,
+    clock: AuditClock,
+    step_progress: StepProgress | None,
+    say: Progress,
+) -> Iterator[tuple[Request, Scorer]]:
+    """Each of ``config.pooled_runs`` runs' request and scorer from ``one_run(config, run, device=...,
+    step_progress=...)``, made only when its turn comes: holding every run's canaries at once would cost R
+    times one run's (10 GB for the classification gpu profile). With several runs, each is said ("training
+    run 2 of 4") before it trains, so its steps read as its own; making them counts as the auditor's time."""
+    for run in range(config.pooled_runs):
+        started = time.perf_counter()
+        prepared = one_run(config, run, device=device, step_progress=step_progress)
+        clock.auditor_seconds += time.perf_counter() - started
+        if config.pooled_runs > 1:
+            say(f"training run {run + 1} of {config.pooled_runs}")
+        yield prepared
 
 
 def audit_through_contract(

@@ -325,28 +325,23 @@ LANGUAGE_VARIANTS: tuple[VariantSpec, ...] = (
         notes="DPOptimizer.add_noise runs with noise_multiplier 0 (restored before the accountant reads it)",
         task="language",
     ),
-    VariantSpec(
-        name="opacus-lm-clip-2c",
-        bug=2,
-        tweak="scaled_clipping",
-        tweak_args={"scale": 2.0},
-        breaks="rows must be clipped to the C the noise σ·C is drawn for; here they are clipped to 2C (a 2x "
-        "noise deficit)",
-        detectability="D2",
-        notes="Opacus' ghost-clipping module's max_grad_norm is 2C; the DPOptimizer keeps C for the noise",
-        task="language",
-    ),
-    VariantSpec(
-        name="opacus-lm-hooks-clip-2c",
-        bug=2,
-        tweak="scaled_clipping",
-        tweak_args={"scale": 2.0},
-        breaks="rows must be clipped to the C the noise σ·C is drawn for; here they are clipped to 2C (a 2x "
-        "noise deficit)",
-        detectability="D2",
-        notes="hooks mode: DPOptimizer.clip_and_accumulate clips at 2C; add_noise keeps C",
-        grad_sample_mode="hooks",
-        task="language",
+    *(
+        VariantSpec(
+            name=name,
+            bug=2,
+            tweak="scaled_clipping",
+            tweak_args={"scale": 2.0},
+            breaks="rows must be clipped to the C the noise σ·C is drawn for; here they are clipped to 2C (a 2x "
+            "noise deficit)",
+            detectability="D2",
+            notes=notes,
+            grad_sample_mode=mode,
+            task="language",
+        )
+        for name, mode, notes in (
+            ("opacus-lm-clip-2c", "ghost", "Opacus' ghost-clipping module's max_grad_norm is 2C; the DPOptimizer keeps C for the noise"),
+            ("opacus-lm-hooks-clip-2c", "hooks", "DPOptimizer.clip_and_accumulate clips at 2C; add_noise keeps C"),
+        )
     ),
     VariantSpec(
         name="opacus-lm-unnoised-embedding",
