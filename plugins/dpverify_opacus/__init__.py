@@ -350,9 +350,11 @@ LANGUAGE_VARIANTS: tuple[VariantSpec, ...] = (
         breaks="noise must be added to every coordinate of the clipped sum; the embeddings get none",
         detectability="D4",
         notes="DPOptimizer.add_noise, then the token and position embeddings get their clipped sum back "
-        "un-noised. A real leak (a member's prefix row moves, a non-member's stays where it started), but in "
-        "the designated transformer the embeddings' gradient is second order (it flows through the LM head, "
-        "which starts at zero), so the suffix likelihood does not see it",
+        "un-noised. A real leak: a non-member's prefix row never moves, so the model answers its prefix exactly "
+        "as a never-seen token, which a member's never does (benchmarks/results/language-embedding-leak.md). "
+        "But in the designated transformer the embeddings' gradient is second order (it flows through the LM "
+        "head, which starts at zero), so the audit's score, the suffix likelihood, does not see it: caught on "
+        "0 of 5 seeds at claimed ε 2 and 4 (benchmarks/results/language-detection.md)",
         task="language",
     ),
     VariantSpec(
@@ -364,7 +366,8 @@ LANGUAGE_VARIANTS: tuple[VariantSpec, ...] = (
         detectability="D4",
         notes="hooks mode: DPOptimizer.clip_and_accumulate takes norms and clips without the embeddings and adds "
         "their per-sample gradients as they are. In the designated transformer the embeddings' gradient is "
-        "second order (it flows through the LM head, which starts at zero), so the excess sensitivity is tiny",
+        "second order (it flows through the LM head, which starts at zero), so the excess sensitivity is tiny: "
+        "caught on 0 of 5 seeds at claimed ε 2 and 4 (benchmarks/results/language-detection.md)",
         grad_sample_mode="hooks",
         task="language",
     ),
