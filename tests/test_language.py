@@ -255,3 +255,13 @@ def test_each_pooled_run_trains_its_own_canaries_over_its_own_vocabulary():
         assert request.vocab_size == 100 + 2 * 10 and request.architecture.init == "dirac"
         assert request.sequences.shape[1] == 2 and len(set(request.sequences[:, 0])) == request.num_records
     assert sum(r.num_records for r in recorder.requests) == (result.membership == 1).sum()
+
+
+def test_a_pass_of_the_dirac_design_states_the_signal_it_promises():
+    """Rule 13: the Dirac token design at full batch has a measured signal floor; the repeated-token
+    baseline has none, so its passes are not held to one."""
+    from dpverify.audits.steps import DIRAC_SIGNAL_FLOOR, expected_signal
+
+    assert expected_signal(LanguageAuditConfig()) == DIRAC_SIGNAL_FLOOR
+    assert expected_signal(REPEATED_TOKEN_BASELINE) is None
+    assert expected_signal(LanguageAuditConfig().with_overrides(sampling_rate=0.5)) is None

@@ -79,7 +79,7 @@ class LanguageAuditConfig:
     transformer of width 16 whose token embedding and LM head start at zero; full-batch DP-SGD (q = 1: the
     claimed run is then exactly μ-GDP) calibrated to ε = 2, 10 steps, clipping C = 0.5 at learning rate 1/C.
     A canary's gradient (norm ≈ the hidden state's, 4, far above C) is clipped, and lies almost all on its
-    own head row, so its score carries 0.97–0.99 of the claimed μ (benchmarks/results/language-dirac.md);
+    own head row, so its score carries 0.97–1.06 of the claimed μ (benchmarks/results/language-separation.md);
     pooling runs keeps the head (V = 100 + 2m) small, whose per-sample gradients cost hooks mode m² a run.
     :data:`REPEATED_TOKEN_BASELINE` is UniAud's repeated-token setting. ``design`` is ``inclusion``
     (add/remove ε, the default) or, for the drawn canary modes only, ``pair`` (replace-one ε).

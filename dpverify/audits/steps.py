@@ -675,8 +675,8 @@ def concluded_result(
 #: The signal fraction Dirac canaries carry in the designated softmax regression in a correct implementation,
 #: inclusion design at full batch: 0.96 to 1.0 in every bundled library (benchmarks/results/dirac.md), 0.97 to
 #: 1.02 for reference-dpsgd at claimed ε 2 to 16; Dirac token canaries in the zero-initialised transformer
-#: about as much (benchmarks/results/language-dirac.md). A pass whose interval lies below half of it could
-#: not see what the design promises.
+#: 0.97 to 1.06 in both Opacus modes (benchmarks/results/language-separation.md). A pass whose interval lies
+#: below half of it could not see what the design promises.
 DIRAC_SIGNAL_FLOOR = 0.5
 
 
