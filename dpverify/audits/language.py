@@ -15,6 +15,12 @@ it bounds the *replace-one* ε (one sequence's suffix replaced), so the claim is
 replace-one claim is about twice the add/remove one, which the same m canaries can refute far less often.
 The data-dependent designs do not apply: they audit real classification records. One sequence is the
 privacy unit.
+
+The m canaries may be split over ``pooled_runs`` independent runs (each with its own canaries over its own
+vocabulary), pooled into one audit as in the classification audit. Dirac token canaries (the default)
+compare with one base token shared by a run's canaries, so each run's scores are centred on their mean
+before pooling: a post-processing of that run's model, which moves the run's shared offset, not a
+canary's rank within its run.
 """
 
 from __future__ import annotations
