@@ -1,10 +1,12 @@
-"""Language-model audit benchmark: ε_L against the claimed ε, repeated-token canaries beside NewToken.
+"""Language-model audit benchmark of UniAud's setting (the measured baseline, ``REPEATED_TOKEN_BASELINE``):
+ε_L against the claimed ε, repeated-token canaries beside NewToken. The Dirac token design, the LM audit's
+default, is measured by ``benchmarks/language_dirac.py``.
 
     .venvs/torch/bin/python benchmarks/language.py --seeds 2
 
 Writes ``benchmarks/results/language.md`` (``language-cuda.md`` on a GPU) stating the device, the date
-and the command: for each canary mode, claimed ε and seed, one pair-design audit of ``opacus-lm`` under
-the quick :class:`~dpverify.audits.language.LanguageAuditConfig`, with the claim in the pair design's relation
+and the command: for each canary mode, claimed ε and seed, one audit of ``opacus-lm`` under
+``REPEATED_TOKEN_BASELINE`` in each design, with the claim in the pair design's relation
 (replace-one) and Opacus' own add/remove ε beside it; then seconds per audit in Opacus' two per-sample
 gradient modes. Numbers here are measurements, never test assertions.
 """
@@ -12,6 +14,7 @@ gradient modes. Numbers here are measurements, never test assertions.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -23,7 +26,7 @@ from pathlib import Path
 from audits import EPSILONS, _table, _write  # benchmarks/ is the script's directory
 
 from dpverify.audits.steps import resolve_device
-from dpverify.audits.language import LanguageAuditConfig, run_language_audit
+from dpverify.audits.language import REPEATED_TOKEN_BASELINE, LanguageAuditConfig, run_language_audit
 from dpverify_opacus import language_implementations
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -58,7 +61,7 @@ def header(args: argparse.Namespace, config: LanguageAuditConfig) -> list[str]:
         f"- device: {where}",
         f"- date: {datetime.date.today().isoformat()}",
         f"- command: `{args.command}`",
-        f"- configuration: LanguageAuditConfig() quick default: {describe(config)}",
+        f"- configuration: REPEATED_TOKEN_BASELINE: {describe(config)}",
         "",
     ]
 
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", choices=("repeated", "new_token"), default=["repeated", "new_token"])
     args = parser.parse_args(argv)
     args.command = "python benchmarks/language.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    base = LanguageAuditConfig(device=resolve_device(args.device))
+    base = dataclasses.replace(REPEATED_TOKEN_BASELINE, device=resolve_device(args.device))
     started = time.perf_counter()
     lines = header(args, base)
     lines += power(args, base) + [""] + speed(args, base)

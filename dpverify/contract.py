@@ -29,6 +29,8 @@ Task = Literal["classification", "language"]
 RELATIONS: tuple[str, ...] = ("add_remove", "replace_one")
 DETECTABILITY_CLASSES: tuple[str, ...] = ("D1", "D2", "D3", "D4")
 TASKS: tuple[str, ...] = ("classification", "language")
+TransformerInit = Literal["random", "dirac"]
+TRANSFORMER_INITS: tuple[str, ...] = ("random", "dirac")
 
 #: ``progress(step, steps)``: a trainer's report that DP step ``step`` of ``steps`` is done.
 StepProgress = Callable[[int, int], None]
@@ -61,18 +63,25 @@ class MLPArchitecture:
 @dataclass(frozen=True, kw_only=True)
 class TransformerArchitecture:
     """The designated model: a causal transformer of ``layers`` pre-norm blocks, ``width``-dimensional
-    token and position embeddings, ``heads`` attention heads and an LM head, randomly initialised."""
+    token and position embeddings, ``heads`` attention heads and an LM head, randomly initialised.
+
+    ``init="dirac"`` starts the token embedding and the LM head (weights and bias) at zero, the rest as
+    ``"random"``: the hidden state then depends on the positions only, and with a zero head no gradient
+    reaches upstream at the first step, so a sequence's gradient lies on the head rows of its own targets
+    (what Dirac token canaries, :mod:`dpverify.canaries.tokens`, need)."""
 
     layers: int = 1
     width: int = 64
     heads: int = 4
     max_sequence_length: int = 32
+    init: TransformerInit = "random"
 
     def __post_init__(self) -> None:
         check_int("layers", self.layers, low=1)
         check_int("width", self.width, low=1)
         check_int("heads", self.heads, low=1)
         check_int("max_sequence_length", self.max_sequence_length, low=2)
+        check_choice("init", self.init, TRANSFORMER_INITS)
         if self.width % self.heads:
             raise ValueError(f"width must be a multiple of heads, got width={self.width}, heads={self.heads}")
 

@@ -29,7 +29,7 @@ SMALL = dict(m=100, dimension=100, hidden_width=50, epochs=3, device="cpu", pool
         ("opacus-ghost", profile_config("quick", **SMALL, sampling_rate=0.5)),
         ("opacus-hooks", profile_config("quick", **SMALL, design="pair")),
         ("reference-dpsgd", profile_config("quick", design="in_distribution", m=50, epochs=2, device="cpu")),
-        ("opacus-lm", LanguageAuditConfig().with_overrides(m=50, epochs=2, device="cpu")),
+        ("opacus-lm", LanguageAuditConfig().with_overrides(m=50, epochs=2, device="cpu", pooled_runs=1)),
         ("tf-privacy-keras", profile_config("quick", **SMALL, sampling_rate=0.5)),
         ("tf-privacy-fast-clipping", profile_config("quick", **SMALL)),
     ],

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpverify.audits.language import LanguageAuditConfig, run_language_audit
+from dpverify.audits.language import REPEATED_TOKEN_BASELINE, LanguageAuditConfig, run_language_audit
 from dpverify.canaries.tokens import TokenCanaryConfig, make_token_canaries, suffix_log_likelihood
 from dpverify.contract import (
     DPHyperparameters,
@@ -97,7 +97,14 @@ def request(**overrides):
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: TokenCanaryConfig(mode="random"), "mode must be one of 'repeated', 'new_token', got 'random'"),
+        (lambda: TokenCanaryConfig(mode="random"), "mode must be one of 'repeated', 'new_token', 'dirac', got 'random'"),
+        (lambda: TransformerArchitecture(init="xavier"), "init must be one of 'random', 'dirac', got 'xavier'"),
+        (lambda: LanguageAuditConfig(design="pair"), "the pair design needs a fresh suffix exchangeable with the trained one"),
+        (lambda: LanguageAuditConfig(pooled_runs=0), "pooled_runs must be >= 1, got 0"),
+        (
+            lambda: LanguageAuditConfig(canaries=TokenCanaryConfig(m=10_000, new_tokens=1000, mode="dirac")),
+            "new_tokens must be >= 2 × the canaries of a run, got new_tokens=1000, m=1000",
+        ),
         (lambda: TokenCanaryConfig(new_tokens=1), "new_tokens must be >= 2, got 1"),
         (lambda: TokenCanaryConfig(prefix_length=0), "prefix_length must be >= 1, got 0"),
         (lambda: TransformerArchitecture(width=30, heads=4), "width must be a multiple of heads"),
@@ -127,11 +134,11 @@ class WrongShape(LanguageImplementation):
 
     def train(self, request: SequenceRequest) -> SequenceModel:
         claim = PrivacyClaim(epsilon=1.0, delta=1e-5, accountant="none", noise_multiplier=1.0, sampling_rate=1.0, steps=1, relation="replace_one")
-        return SequenceModel(token_log_probs=lambda s: np.zeros((s.shape[0], 1)), claim=claim, device="cpu")
+        return SequenceModel(token_log_probs=lambda s: np.zeros(s.shape), claim=claim, device="cpu")  # one column too many
 
 
 def test_a_black_box_of_the_wrong_shape_is_an_error_not_a_pass():
-    config = LanguageAuditConfig(canaries=TokenCanaryConfig(m=10, new_tokens=10), device="cpu")
+    config = dataclasses.replace(REPEATED_TOKEN_BASELINE, canaries=TokenCanaryConfig(m=10, new_tokens=10), device="cpu")
     result = run_language_audit(WrongShape(), config)
     assert result.verdict == "error" and "expected (20, 7)" in result.error
     assert result.design == "inclusion" and result.relation == "add_remove"  # the default design
@@ -141,7 +148,7 @@ def test_config_is_frozen_and_serialisable():
     config = LanguageAuditConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.seed = 1  # type: ignore[misc]
-    assert config.to_dict()["canaries"]["mode"] == "repeated"
+    assert config.to_dict()["canaries"]["mode"] == "dirac" and config.to_dict()["architecture"]["init"] == "dirac"
 
 
 class Recorder(LanguageImplementation):
@@ -160,7 +167,7 @@ def test_inclusion_design_trains_exactly_the_canaries_whose_bit_is_plus_one():
 
     """The secret bits select the training set and nothing else reaches the trainer; a black box that
     prefers nothing carries no signal, so its pass could not see: undecided, never green."""
-    config = LanguageAuditConfig(canaries=TokenCanaryConfig(m=200, new_tokens=50), device="cpu", seed=3)
+    config = dataclasses.replace(REPEATED_TOKEN_BASELINE, canaries=TokenCanaryConfig(m=200, new_tokens=50), device="cpu", seed=3)
     recorder = Recorder()
     result = run_language_audit(recorder, config)
     drawn = make_token_canaries(config.canaries, rng=audit_streams(3)[0])
@@ -171,7 +178,7 @@ def test_inclusion_design_trains_exactly_the_canaries_whose_bit_is_plus_one():
 
 
 def test_overrides_route_to_their_part_and_unknown_names_are_refused():
-    config = LanguageAuditConfig().with_overrides(m=50, width=32, epsilon=float("inf"), guesses=10, design="pair", seed=4)
+    config = REPEATED_TOKEN_BASELINE.with_overrides(m=50, width=32, epsilon=float("inf"), guesses=10, design="pair", seed=4)
     assert (config.canaries.m, config.architecture.width, config.seed, config.design) == (50, 32, 4, "pair")
     assert config.hyperparameters.noise_multiplier == 0.0 and config.hyperparameters.target_epsilon is None
     assert config.guess_rule.count == 10 and config.relation == "replace_one" and config.audit_size == 50
@@ -202,3 +209,59 @@ def test_run_audit_sends_a_language_implementation_to_the_language_audit():
         from tests.doubles import Oblivious
 
         run_audit(Oblivious(claimed_epsilon=1.0, info=ImplementationInfo(name="x", library="numpy")), LanguageAuditConfig())
+
+
+def dirac(m: int = 300, seed: int = 0, **overrides):
+    config = TokenCanaryConfig(m=m, prefix_length=2, suffix_length=1, base_vocab_size=50, new_tokens=2 * m, mode="dirac", **overrides)
+    return make_token_canaries(config, rng=np.random.default_rng(seed))
+
+
+def test_each_dirac_canary_owns_its_prefix_and_suffix_token():
+    """Canary i's prefix token is base + i and its suffix token base + m + i: 2m new tokens, each used by
+    one canary only, none of them a base token."""
+    c = dirac()
+    assert c.prefixes.shape == (300, 2) and c.suffixes.shape == c.comparison_suffixes.shape == (300, 1)
+    assert (c.prefixes == c.prefixes[:, :1]).all()
+    owned = np.concatenate([c.prefixes[:, 0], c.suffixes[:, 0]])
+    assert np.array_equal(np.sort(owned), np.arange(50, 50 + 600)) and c.config.vocab_size == 650
+
+
+def test_dirac_canaries_share_one_base_token_as_their_comparison():
+    c, other = dirac(seed=0), dirac(seed=5)
+    assert (c.comparison_suffixes == c.comparison_suffixes[0, 0]).all() and 0 <= c.comparison_suffixes[0, 0] < 50
+    assert np.array_equal(c.prefixes, other.prefixes)  # ownership is fixed; only the comparison is drawn
+
+
+def test_pooled_runs_split_the_canaries_and_dirac_vocabulary_follows_the_largest_run():
+    config = LanguageAuditConfig().with_overrides(m=1001, pooled_runs=4)
+    assert config.canaries_per_run == (251, 250, 250, 250) and config.audit_size == 1001
+    assert config.canaries.new_tokens == 502
+
+
+class RecordingEveryRun(Recorder):
+    """A :class:`Recorder` that keeps every run's request."""
+
+    def train(self, request: SequenceRequest) -> SequenceModel:
+        self.requests = [*getattr(self, "requests", []), request]
+        return super().train(request)
+
+
+def test_each_pooled_run_trains_its_own_canaries_over_its_own_vocabulary():
+    config = LanguageAuditConfig(device="cpu").with_overrides(m=40, pooled_runs=4, seed=2)
+    recorder = RecordingEveryRun()
+    result = run_language_audit(recorder, config)
+    assert len(recorder.requests) == 4 and result.scores.shape == (40,)
+    for request in recorder.requests:
+        assert request.vocab_size == 100 + 2 * 10 and request.architecture.init == "dirac"
+        assert request.sequences.shape[1] == 2 and len(set(request.sequences[:, 0])) == request.num_records
+    assert sum(r.num_records for r in recorder.requests) == (result.membership == 1).sum()
+
+
+def test_a_pass_of_the_dirac_design_states_the_signal_it_promises():
+    """Rule 13: the Dirac token design at full batch has a measured signal floor; the repeated-token
+    baseline has none, so its passes are not held to one."""
+    from dpverify.audits.steps import DIRAC_SIGNAL_FLOOR, expected_signal
+
+    assert expected_signal(LanguageAuditConfig()) == DIRAC_SIGNAL_FLOOR
+    assert expected_signal(REPEATED_TOKEN_BASELINE) is None
+    assert expected_signal(LanguageAuditConfig().with_overrides(sampling_rate=0.5)) is None

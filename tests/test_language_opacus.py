@@ -9,17 +9,18 @@ import pytest
 
 pytest.importorskip("opacus")
 
-from dpverify.audits.language import LanguageAuditConfig, run_language_audit  # noqa: E402
+from dpverify.audits.language import REPEATED_TOKEN_BASELINE, LanguageAuditConfig, run_language_audit  # noqa: E402
 from dpverify.canaries.tokens import TokenCanaryConfig, make_token_canaries  # noqa: E402
-from dpverify.contract import DPHyperparameters, SequenceRequest  # noqa: E402
+from dpverify.contract import DPHyperparameters, SequenceRequest, TransformerArchitecture  # noqa: E402
 from dpverify_opacus import language_implementations  # noqa: E402
-from dpverify_opacus._language import IGNORED_TARGET, next_token_tensors, train_opacus_language  # noqa: E402
+from dpverify_opacus._language import IGNORED_TARGET, build_transformer, next_token_tensors, train_opacus_language  # noqa: E402
 
 IMPLEMENTATIONS = {implementation.info.name: implementation for implementation in language_implementations()}
 
 #: The pair design with m = 200 keeps one audit to a few seconds. A full batch averages each clipped
 #: gradient over 200, so lr 10 lets a run without noise memorise its canaries.
-SMALL = LanguageAuditConfig(
+SMALL = dataclasses.replace(
+    REPEATED_TOKEN_BASELINE,
     design="pair",
     canaries=TokenCanaryConfig(m=200, new_tokens=200),
     hyperparameters=DPHyperparameters(target_epsilon=1.0, sampling_rate=1.0, epochs=30, learning_rate=10.0),
@@ -91,8 +92,108 @@ def test_missing_noise_is_caught_while_opacus_passes_at_the_same_claim():
 
 
 def test_the_registry_names_and_tasks():
-    assert set(IMPLEMENTATIONS) == {"opacus-lm", "opacus-lm-no-noise"}
+    assert set(IMPLEMENTATIONS) == {
+        "opacus-lm", "opacus-lm-hooks", "opacus-lm-no-noise", "opacus-lm-clip-2c", "opacus-lm-hooks-clip-2c",
+        "opacus-lm-unnoised-embedding", "opacus-lm-unclipped-embedding",
+    }  # fmt: skip
     for implementation in IMPLEMENTATIONS.values():
         assert implementation.info.task == "language" and implementation.unavailable_reason() is None
-    assert IMPLEMENTATIONS["opacus-lm-no-noise"].info.expected == "violation"
+    assert {n for n, i in IMPLEMENTATIONS.items() if i.info.expected == "private"} == {"opacus-lm", "opacus-lm-hooks"}
+    assert IMPLEMENTATIONS["opacus-lm-hooks"].grad_sample_mode == "hooks"
     assert IMPLEMENTATIONS["opacus-lm-no-noise"].info.detectability == "D1"
+
+
+#: The Dirac default at a fifth of its canaries (4 runs of 500): a few seconds an audit.
+SMALL_DIRAC = LanguageAuditConfig(device="cpu").with_overrides(m=2000, pooled_runs=4)
+
+
+def dirac_request(*, max_grad_norm: float = 0.5, noise_multiplier: float = 1.0, init: str = "dirac", epochs: int = 1) -> SequenceRequest:
+    canaries = make_token_canaries(dataclasses.replace(SMALL_DIRAC.canaries, m=50, new_tokens=100), rng=np.random.default_rng(0))
+    return SequenceRequest(
+        sequences=canaries.sequences(canaries.suffixes),
+        loss_mask=canaries.loss_mask(),
+        vocab_size=canaries.config.vocab_size,
+        architecture=dataclasses.replace(SMALL_DIRAC.architecture, init=init),
+        hyperparameters=DPHyperparameters(
+            noise_multiplier=noise_multiplier, sampling_rate=1.0, epochs=epochs, max_grad_norm=max_grad_norm, learning_rate=1.0
+        ),
+    )
+
+
+def test_at_the_dirac_init_a_canary_moves_only_the_head_and_mostly_its_own_suffix_row():
+    """Zero token embedding and head: no gradient reaches upstream at the first step, and the head's
+    gradient (p − e_s) ⊗ [h; 1] puts all but ~1/V of its squared norm on the row of the canary's suffix."""
+    import torch
+
+    request = dirac_request()
+    model = build_transformer(request, seed=0, device=torch.device("cpu"))
+    assert not model.token_embedding.weight.any() and not model.head.weight.any() and not model.head.bias.any()
+    inputs, targets = next_token_tensors(request)
+    torch.nn.functional.cross_entropy(model(inputs[:1]).transpose(1, 2), targets[:1], ignore_index=IGNORED_TARGET).backward()
+    upstream = [p.grad for name, p in model.named_parameters() if not name.startswith("head.")]
+    assert all(g is None or not g.any() for g in upstream)
+    rows = torch.cat([model.head.weight.grad, model.head.bias.grad[:, None]], dim=1).norm(dim=1) ** 2
+    own = int(request.sequences[0, -1])
+    assert rows.argmax() == own and rows[own] / rows.sum() > 1 - 2 / request.vocab_size
+
+
+def embedding_rows_after_one_step(name: str, **request_settings) -> "np.ndarray":
+    """The token embedding after one step of ``name`` on :func:`dirac_request` (a random init, so the
+    embedding has a gradient from the first step)."""
+    from dpverify_opacus._language import LANGUAGE, language_loss
+    from dpverify_opacus._training import build_run, mix_into, run_steps, trained_module
+
+    implementation = IMPLEMENTATIONS[name]
+    run = build_run(
+        dirac_request(init="random", **request_settings), name=name, grad_sample_mode=implementation.grad_sample_mode,
+        tweak=mix_into(implementation.make_tweak(), language_loss), task=LANGUAGE,
+    )  # fmt: skip
+    before = trained_module(run).token_embedding.weight.detach().clone()
+    run_steps(run)
+    return (trained_module(run).token_embedding.weight.detach() - before).numpy()
+
+
+def test_the_unnoised_embedding_leaves_unused_rows_exactly_where_they_started():
+    """Opacus noises every row of the embedding; the variant none, so rows of tokens no sequence uses
+    (the base vocabulary) stay put, which is the leak: a member's prefix row moves, a non-member's does not."""
+    base = SMALL_DIRAC.canaries.base_vocab_size
+    assert np.abs(embedding_rows_after_one_step("opacus-lm-hooks")[:base]).max() > 0
+    assert np.abs(embedding_rows_after_one_step("opacus-lm-unnoised-embedding")[:base]).max() == 0
+
+
+def test_the_unclipped_embedding_moves_further_than_clipping_allows():
+    """Without noise and C = 1e-4, one step moves any parameter by at most lr·C (the mean of rows of norm
+    ≤ C); the embedding left out of the clipping moves by its raw gradient."""
+    correct = embedding_rows_after_one_step("opacus-lm-hooks", max_grad_norm=1e-4, noise_multiplier=0.0)
+    unclipped = embedding_rows_after_one_step("opacus-lm-unclipped-embedding", max_grad_norm=1e-4, noise_multiplier=0.0)
+    assert np.linalg.norm(correct) <= 1e-4 * 1.001 < 100 * 1e-4 < np.linalg.norm(unclipped)
+
+
+@pytest.mark.parametrize("name", ["opacus-lm-clip-2c", "opacus-lm-hooks-clip-2c"])
+def test_clipping_at_2c_moves_twice_as_far_as_opacus_without_noise(name):
+    """Every row is clipped (norms ≈ the hidden state's, far above C), so without noise the step is
+    twice Opacus' own, in both modes (to first order: the log-probabilities are near uniform)."""
+
+    def step(implementation_name: str) -> np.ndarray:
+        request = dirac_request(noise_multiplier=0.0)
+        trained = train_opacus_language(request, name=implementation_name, grad_sample_mode=IMPLEMENTATIONS[implementation_name].grad_sample_mode,
+                                        tweak=IMPLEMENTATIONS[implementation_name].make_tweak())  # fmt: skip
+        return trained.token_log_probs(request.sequences)
+
+    uniform = -np.log(dirac_request().vocab_size)
+    correct, doubled = step("opacus-lm") - uniform, step(name) - uniform
+    np.testing.assert_allclose(doubled, 2 * correct, rtol=0.05)
+
+
+def test_the_dirac_audit_passes_opacus_in_both_modes_and_catches_the_missing_noise():
+    """Seed 0 at claimed ε = 2, 2000 canaries in 4 runs. A correct run fails with probability ≤ 5 %
+    (both tests at 95 % together); without noise each member's own head row moves by lr·C·steps/N with
+    nothing to hide it, so every member scores above every non-member, across the pooled runs too."""
+    results = {name: run_language_audit(IMPLEMENTATIONS[name], SMALL_DIRAC) for name in ("opacus-lm", "opacus-lm-hooks", "opacus-lm-no-noise")}
+    for name in ("opacus-lm", "opacus-lm-hooks"):
+        assert results[name].verdict == "pass", results[name].summary()
+    assert results["opacus-lm"].epsilon_lower_bound == pytest.approx(results["opacus-lm-hooks"].epsilon_lower_bound, abs=1e-6)
+    assert results["opacus-lm-no-noise"].verdict == "violation"
+    scores, membership = results["opacus-lm-no-noise"].scores, results["opacus-lm-no-noise"].membership
+    assert scores[membership == 1].min() > scores[membership == -1].max()
+

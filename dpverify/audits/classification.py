@@ -22,6 +22,7 @@ from dpverify.audits.steps import (
     audit_streams,
     audit_through_contract,
     conclude_runs,
+    each_pooled_run,
     in_task_order,
     membership_after_training,
     membership_before_training,
@@ -63,7 +64,7 @@ def run_classification_audit(
     pooled = f" in {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
     say(f"training {implementation.info.name} on {config.audit_size} canaries{pooled} ({device})")
     if executor is None or isinstance(executor, InProcessExecutor) or config.pooled_runs == 1:
-        runs = _runs(config, device=device, clock=clock, step_progress=step_progress, say=say)
+        runs = each_pooled_run(config, _one_run, device=device, clock=clock, step_progress=step_progress, say=say)
         return audit_through_contract(implementation, config, runs, m=config.audit_size, clock=clock, say=say, device=device)
     shared = (executor.parcel(implementation, what=f"implementation {implementation.info.name!r}"), config, device)
     tasks = [(shared, indices) for indices in chunks(config.pooled_runs, parallelism=executor.parallelism)]
@@ -97,21 +98,6 @@ def _clocked(timed_runs: Iterator[tuple[ScoredRun, float]], clock: AuditClock, *
         say(f"training in workers: {done} of {runs} runs done")
         yield scored
     say("testing the claim")
-
-
-def _runs(
-    config: AuditConfig, *, device: str, clock: AuditClock, step_progress: StepProgress | None, say: Progress
-) -> Iterator[tuple[TrainingRequest, Callable[[TrainedModel], tuple[np.ndarray, np.ndarray, None]]]]:
-    """Each pooled run's request and scorer, made only when its turn comes: a run's canaries are m/R × d
-    floats, and holding every run's at once would cost R times that (10 GB for the gpu profile). With
-    several runs, each is said ("training run 2 of 4") before it trains, so its steps read as its own."""
-    for run in range(config.pooled_runs):
-        started = time.perf_counter()
-        prepared = _one_run(config, run, device=device, step_progress=step_progress)
-        clock.auditor_seconds += time.perf_counter() - started
-        if config.pooled_runs > 1:
-            say(f"training run {run + 1} of {config.pooled_runs}")
-        yield prepared
 
 
 def _one_run(

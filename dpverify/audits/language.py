@@ -15,6 +15,12 @@ it bounds the *replace-one* ε (one sequence's suffix replaced), so the claim is
 replace-one claim is about twice the add/remove one, which the same m canaries can refute far less often.
 The data-dependent designs do not apply: they audit real classification records. One sequence is the
 privacy unit.
+
+The m canaries may be split over ``pooled_runs`` independent runs (each with its own canaries over its own
+vocabulary), pooled into one audit as in the classification audit. Dirac token canaries (the default)
+compare with one base token shared by a run's canaries, so each run's scores are centred on their mean
+before pooling: a post-processing of that run's model, which moves the run's shared offset, not a
+canary's rank within its run.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,13 +38,20 @@ from dpverify.audits.steps import (
     Progress,
     audit_streams,
     audit_through_contract,
+    each_pooled_run,
     membership_after_training,
     membership_before_training,
     present_pair,
     query_black_box,
     resolve_device,
 )
-from dpverify.canaries.tokens import TokenCanaryConfig, make_token_canaries, suffix_log_likelihood
+from dpverify.canaries.tokens import (
+    EXCHANGEABLE_MODES,
+    TokenCanaryConfig,
+    check_dirac_token_room,
+    make_token_canaries,
+    suffix_log_likelihood,
+)
 from dpverify.config import (
     DESIGN_RELATION,
     DEVICES,
@@ -67,19 +80,29 @@ LANGUAGE_DESIGNS: tuple[str, ...] = ("inclusion", "pair")
 class LanguageAuditConfig:
     """Everything one language-model audit designates.
 
-    The default is the quick profile: 1000 repeated-token canaries of 4 + 4 tokens over 100 + 1000 tokens,
-    a one-block transformer of width 64, full-batch DP-SGD (q = 1, as the classification quick profile:
-    for a given ε the one-run audit is tightest without subsampling) calibrated to ε = 2, 30 steps at
-    learning rate 20. A full batch averages each sequence's clipped gradient over the ~500 canaries kept;
-    lr 50 diverged on most seeds, and at lr 20 a run without noise gave ε_L 2.4–3.0 at confidence 0.994 on
-    10 of 10 seeds (ε_O 4.15), which refutes a claim of 2. About 3.5 s on an idle 2-core CPU, up to 40 s on a
-    busy one. ``design`` is ``inclusion`` (add/remove ε, the default) or ``pair`` (replace-one ε).
+    The default is the quick profile: 10 000 Dirac token canaries (:mod:`dpverify.canaries.tokens`) of
+    1 + 1 tokens, pooled over 10 independent runs of 1000 (each over 100 + 2000 tokens), in a one-block
+    transformer of width 16 whose token embedding and LM head start at zero; full-batch DP-SGD (q = 1: the
+    claimed run is then exactly μ-GDP) calibrated to ε = 2, 10 steps, clipping C = 0.5 at learning rate 1/C.
+    A canary's gradient (norm ≈ the hidden state's, 4, far above C) is clipped, and lies almost all on its
+    own head row, so its score carries 0.97–1.06 of the claimed μ (benchmarks/results/language-separation.md);
+    pooling runs keeps the head (V = 100 + 2m) small, whose per-sample gradients cost hooks mode m² a run.
+    :data:`REPEATED_TOKEN_BASELINE` is UniAud's repeated-token setting. ``design`` is ``inclusion``
+    (add/remove ε, the default) or, for the drawn canary modes only, ``pair`` (replace-one ε).
     """
 
-    canaries: TokenCanaryConfig = field(default_factory=TokenCanaryConfig)
-    architecture: TransformerArchitecture = field(default_factory=TransformerArchitecture)
+    canaries: TokenCanaryConfig = field(
+        default_factory=lambda: TokenCanaryConfig(
+            m=10_000, prefix_length=1, suffix_length=1, base_vocab_size=100, new_tokens=2000, mode="dirac"
+        )
+    )
+    architecture: TransformerArchitecture = field(
+        default_factory=lambda: TransformerArchitecture(width=16, heads=2, init="dirac")
+    )
     hyperparameters: DPHyperparameters = field(
-        default_factory=lambda: DPHyperparameters(target_epsilon=2.0, sampling_rate=1.0, epochs=30, learning_rate=20.0)
+        default_factory=lambda: DPHyperparameters(
+            target_epsilon=2.0, sampling_rate=1.0, epochs=10, max_grad_norm=0.5, learning_rate=2.0
+        )
     )
     design: str = "inclusion"
     guess_rule: GuessRule = field(default_factory=GuessRule)
@@ -87,6 +110,7 @@ class LanguageAuditConfig:
     seed: int = 0
     device: str = "auto"
     timeout: float | None = 1800
+    pooled_runs: int = 10
 
     def __post_init__(self) -> None:
         check_timeout(self.timeout)
@@ -94,6 +118,19 @@ class LanguageAuditConfig:
         check_probability("confidence", self.confidence)
         check_int("seed", self.seed, low=0)
         check_choice("device", self.device, DEVICES)
+        check_int("pooled_runs", self.pooled_runs, low=1)
+        if self.canaries.m < self.pooled_runs:
+            raise ValueError(
+                f"each pooled run needs a canary, so m must be >= pooled_runs, got m={self.canaries.m}, "
+                f"pooled_runs={self.pooled_runs}"
+            )
+        if self.design == "pair" and self.canaries.mode not in EXCHANGEABLE_MODES:
+            raise ValueError(
+                f"the pair design needs a fresh suffix exchangeable with the trained one (mode "
+                f"{' or '.join(EXCHANGEABLE_MODES)}), got mode={self.canaries.mode!r}; use design='inclusion'"
+            )
+        if self.canaries.mode == "dirac":
+            check_dirac_token_room(m=max(self.canaries_per_run), new_tokens=self.canaries.new_tokens)
         if self.canaries.sequence_length > self.architecture.max_sequence_length:
             raise ValueError(
                 f"canaries of {self.canaries.sequence_length} tokens do not fit "
@@ -105,6 +142,12 @@ class LanguageAuditConfig:
         return DESIGN_RELATION[self.design]
 
     @property
+    def canaries_per_run(self) -> tuple[int, ...]:
+        """The m canaries split over ``pooled_runs`` runs as evenly as they go."""
+        share, extra = divmod(self.canaries.m, self.pooled_runs)
+        return tuple(share + (run < extra) for run in range(self.pooled_runs))
+
+    @property
     def audit_size(self) -> int:
         """m, the number of canaries the bound counts (what :func:`dpverify.audits.steps.audit_ceiling` reads)."""
         return self.canaries.m
@@ -112,7 +155,9 @@ class LanguageAuditConfig:
     def with_overrides(self, **overrides: Any) -> LanguageAuditConfig:
         """A copy with flat overrides: the canaries' and the architecture's field names, the classification
         audit's hyperparameter names (``epsilon``, ``noise_multiplier``, ``learning_rate``, ...),
-        ``guesses``/``sides``, ``confidence``, ``seed`` and ``device``; unknown names are a ``ValueError``."""
+        ``guesses``/``sides``, ``confidence``, ``seed``, ``device`` and ``pooled_runs``; unknown names are a
+        ``ValueError``. Dirac canaries own two new tokens each, so unless ``new_tokens`` is given it follows
+        the canaries of the largest run."""
         canary_names = {f.name for f in dataclasses.fields(TokenCanaryConfig)}
         architecture_names = {f.name for f in dataclasses.fields(TransformerArchitecture)}
         unknown = sorted(set(overrides) - set(LANGUAGE_SETTINGS))
@@ -120,9 +165,13 @@ class LanguageAuditConfig:
             raise ValueError(
                 f"unknown language audit setting(s) {', '.join(unknown)}; known: {', '.join(LANGUAGE_SETTINGS)}"
             )
+        canary_fields = {k: v for k, v in overrides.items() if k in canary_names}
+        if canary_fields.get("mode", self.canaries.mode) == "dirac" and "new_tokens" not in canary_fields:
+            m, runs = canary_fields.get("m", self.canaries.m), overrides.get("pooled_runs", self.pooled_runs)
+            canary_fields["new_tokens"] = 2 * -(-m // runs)
         return dataclasses.replace(
             self,
-            canaries=dataclasses.replace(self.canaries, **{k: v for k, v in overrides.items() if k in canary_names}),
+            canaries=dataclasses.replace(self.canaries, **canary_fields),
             architecture=dataclasses.replace(
                 self.architecture, **{k: v for k, v in overrides.items() if k in architecture_names}
             ),
@@ -135,8 +184,19 @@ class LanguageAuditConfig:
         return dataclasses.asdict(self)
 
 
+#: UniAud's language-model setting (section 6), the measured baseline: one run of 1000 repeated-token
+#: canaries of 4 + 4 tokens over 100 + 1000 tokens, a randomly initialised one-block transformer of width
+#: 64, q = 1, 30 steps at learning rate 20 (lr 50 diverged on most seeds). Without noise it reaches ε_L
+#: 2.4–3.6, with noise at claimed ε ≤ 8 about 0 (benchmarks/results/language.md).
+REPEATED_TOKEN_BASELINE = LanguageAuditConfig(
+    canaries=TokenCanaryConfig(),
+    architecture=TransformerArchitecture(),
+    hyperparameters=DPHyperparameters(target_epsilon=2.0, sampling_rate=1.0, epochs=30, learning_rate=20.0),
+    pooled_runs=1,
+)
+
 #: Settings of the audit itself rather than of its canaries, model or training.
-TOP_NAMES = ("design", "confidence", "seed", "device", "timeout")
+TOP_NAMES = ("design", "confidence", "seed", "device", "timeout", "pooled_runs")
 #: Every flat name :meth:`LanguageAuditConfig.with_overrides` takes.
 LANGUAGE_SETTINGS: tuple[str, ...] = tuple(
     sorted(
@@ -169,39 +229,55 @@ def run_language_audit(
     progress: Progress | None = None,
     step_progress: StepProgress | None = None,
 ) -> AuditResult:
-    """Audit a language-model ``implementation`` once; never raises for its failures.
+    """Audit a language-model ``implementation`` on ``config.canaries.m`` token canaries, split over
+    ``config.pooled_runs`` independent training runs and pooled into one audit; never raises for its
+    failures.
 
-    One :class:`numpy.random.SeedSequence` from ``config.seed`` spawns the canaries', the membership bits'
-    and the trainer's streams. In the pair design the bits are drawn after training, so training cannot
-    depend on them; in the inclusion design they pick the canaries trained on and never reach the trainer.
+    One :class:`numpy.random.SeedSequence` from ``config.seed`` (and the run's index) spawns each run's
+    canaries', membership bits' and trainer's streams. In the pair design the bits are drawn after
+    training, so training cannot depend on them; in the inclusion design they pick the canaries trained on
+    and never reach the trainer.
     """
     say = progress or (lambda message: None)
     clock = AuditClock(time.perf_counter())
     device = resolve_device(config.device)
-    auditor_started = time.perf_counter()
-    canary_rng, membership_rng, training_seed = audit_streams(config.seed)
-    canaries = make_token_canaries(config.canaries, rng=canary_rng)
+    pooled = f" in {config.pooled_runs} runs" if config.pooled_runs > 1 else ""
+    say(f"training {implementation.info.name} on {config.audit_size} token canaries{pooled} ({device})")
+
+    runs = each_pooled_run(config, _one_run, device=device, clock=clock, step_progress=step_progress, say=say)
+    return audit_through_contract(
+        implementation, config, runs, m=config.audit_size, clock=clock, say=say, device=device, returns=SequenceModel
+    )  # type: ignore[arg-type]  # the shared steps read only what both configs have
+
+
+def _one_run(
+    config: LanguageAuditConfig, run: int, *, device: str, step_progress: StepProgress | None
+) -> tuple[SequenceRequest, Callable[[SequenceModel], tuple[np.ndarray, np.ndarray, None]]]:
+    """Run ``run``'s request (its own canaries, over its own vocabulary, and secret bits) and the scorer
+    of its black box."""
+    canary_rng, membership_rng, training_seed = audit_streams(config.seed, run=run)
+    canary_config = dataclasses.replace(config.canaries, m=config.canaries_per_run[run])
+    canaries = make_token_canaries(canary_config, rng=canary_rng)
     m = canaries.m
     drawn_before, trained_on = membership_before_training(config.relation, membership_rng, m)
     trained_sequences = canaries.sequences(canaries.suffixes)
     request = SequenceRequest(
         sequences=trained_sequences[trained_on],
         loss_mask=canaries.loss_mask()[trained_on],
-        vocab_size=config.canaries.vocab_size,
+        vocab_size=canary_config.vocab_size,
         architecture=config.architecture,
         hyperparameters=config.hyperparameters,
         seed=training_seed,
         device=device,
         progress=step_progress,
     )
-    clock.auditor_seconds = time.perf_counter() - auditor_started
 
     def score(trained: SequenceModel) -> tuple[np.ndarray, np.ndarray, None]:
         both = np.concatenate([trained_sequences, canaries.sequences(canaries.comparison_suffixes)])
         log_probs = query_black_box(
-            trained, both, expected_shape=(2 * m, config.canaries.sequence_length - 1), head="token_log_probs"
+            trained, both, expected_shape=(2 * m, canary_config.sequence_length - 1), head="token_log_probs"
         )
-        likelihood = suffix_log_likelihood(log_probs, prefix_length=config.canaries.prefix_length)
+        likelihood = suffix_log_likelihood(log_probs, prefix_length=canary_config.prefix_length)
         trained_likelihood, fresh_likelihood = likelihood[:m], likelihood[m:]
         membership = membership_after_training(drawn_before, membership_rng, m)
         if drawn_before is None:
@@ -209,9 +285,12 @@ def run_language_audit(
         else:
             shown, other = trained_likelihood, fresh_likelihood
         # How much likelier the shown suffix is than the other one.
-        return shown - other, membership, None
+        scores = shown - other
+        if canary_config.mode == "dirac":
+            # The run's shared offset (its comparison token's noise, its init) set apart from its canaries'
+            # own rows before runs are pooled. The mean, not the median: a run's members and non-members may
+            # split into two clusters (no noise), between which a median jumps with the members' count.
+            scores = scores - scores.mean()
+        return scores, membership, None
 
-    say(f"training {implementation.info.name} on {request.num_records} of {m} token canaries ({device})")
-    return audit_through_contract(
-        implementation, config, [(request, score)], m=m, clock=clock, say=say, device=request.device, returns=SequenceModel
-    )  # type: ignore[arg-type]  # the shared steps read only what both configs have
+    return request, score

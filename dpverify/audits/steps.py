@@ -25,7 +25,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, TrainedModel, TrainingRequest
+from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, StepProgress, TrainedModel, TrainingRequest
 from dpverify.results import AuditResult
 from dpverify.stats.accounting import optimistic_epsilon
 from dpverify.stats.bounds import epsilon_lower_bound
@@ -674,22 +674,24 @@ def concluded_result(
 
 #: The signal fraction Dirac canaries carry in the designated softmax regression in a correct implementation,
 #: inclusion design at full batch: 0.96 to 1.0 in every bundled library (benchmarks/results/dirac.md), 0.97 to
-#: 1.02 for reference-dpsgd at claimed ε 2 to 16; a pass whose interval lies below half of it could not see
-#: what the design promises.
+#: 1.02 for reference-dpsgd at claimed ε 2 to 16; Dirac token canaries in the zero-initialised transformer
+#: 0.97 to 1.06 in both Opacus modes (benchmarks/results/language-separation.md). A pass whose interval lies
+#: below half of it could not see what the design promises.
 DIRAC_SIGNAL_FLOOR = 0.5
 
 
 def expected_signal(config: AuditSettings) -> float | None:
     """The least signal fraction a correct implementation's scores carry in ``config``'s design, where it is
-    measured: Dirac canaries in softmax regression, the inclusion design, at full batch (where the claimed μ
-    is exact) gets :data:`DIRAC_SIGNAL_FLOOR`. Elsewhere ``None``: the pair design carries about 0.76 at the
+    measured: Dirac canaries in softmax regression or Dirac token canaries in the zero-initialised
+    transformer, the inclusion design, at full batch (where the claimed μ is exact) get
+    :data:`DIRAC_SIGNAL_FLOOR`. Elsewhere ``None``: the pair design carries about 0.76 at the
     quick profile but 0.17 in a drawn configuration of reference-dpsgd, so no floor is known there."""
     canaries, architecture = getattr(config, "canaries", None), getattr(config, "architecture", None)
     hyperparameters = getattr(config, "hyperparameters", None)
     if (
         getattr(config, "design", None) == "inclusion"
         and getattr(canaries, "mode", None) == "dirac"
-        and getattr(architecture, "hidden_width", None) == 0
+        and (getattr(architecture, "hidden_width", None) == 0 or getattr(architecture, "init", None) == "dirac")
         and getattr(hyperparameters, "sampling_rate", None) == 1.0
     ):
         return DIRAC_SIGNAL_FLOOR
@@ -757,6 +759,28 @@ def train_and_score(
     not_designated = designated_model_defect(trained, request)
     clock.auditor_seconds += time.perf_counter() - scoring_started - (clock.black_box_seconds - answering)
     return ScoredRun(scores, membership, accuracy, trained.claim, trained.device, not_designated)
+
+
+def each_pooled_run(
+    config: Any,
+    one_run: Callable[..., tuple[Request, Scorer]],
+    *,
+    device: str,
+    clock: AuditClock,
+    step_progress: StepProgress | None,
+    say: Progress,
+) -> Iterator[tuple[Request, Scorer]]:
+    """Each of ``config.pooled_runs`` runs' request and scorer from ``one_run(config, run, device=...,
+    step_progress=...)``, made only when its turn comes: holding every run's canaries at once would cost R
+    times one run's (10 GB for the classification gpu profile). With several runs, each is said ("training
+    run 2 of 4") before it trains, so its steps read as its own; making them counts as the auditor's time."""
+    for run in range(config.pooled_runs):
+        started = time.perf_counter()
+        prepared = one_run(config, run, device=device, step_progress=step_progress)
+        clock.auditor_seconds += time.perf_counter() - started
+        if config.pooled_runs > 1:
+            say(f"training run {run + 1} of {config.pooled_runs}")
+        yield prepared
 
 
 def audit_through_contract(

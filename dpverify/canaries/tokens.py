@@ -9,9 +9,18 @@ canary is a prefix followed by a suffix:
   prefix and random new tokens as suffix (one draw per position). The comparison is a fresh new-token
   suffix after the same prefix.
 
-The fresh suffix token is drawn uniformly from the new tokens *other* than the trained one at that
-position, so (trained, fresh) is an exchangeable pair before training (the paper's Property 1) and the
-comparison can never coincide with the trained suffix.
+- ``dirac``: canary i owns two new tokens, its prefix token base + i and its suffix token base + m + i,
+  which no other canary uses (2m new tokens a run), each repeated as in ``repeated``. In a transformer
+  whose token embedding and LM head start at zero (``TransformerArchitecture(init="dirac")``) a canary's
+  first gradient lies on its own suffix's head row only, as a Dirac canary's lies on its own weight column
+  in softmax regression. The comparison is one base token, the same for every canary, which no canary
+  trains: log p(own suffix) − log p(that token) cancels the softmax normaliser, the one part of the score
+  the canaries share. Scored against non-members only (the inclusion design): the pair is not
+  exchangeable.
+
+In the drawn modes the fresh suffix token is drawn uniformly from the new tokens *other* than the trained
+one at that position, so (trained, fresh) is an exchangeable pair before training (the paper's Property 1)
+and the comparison can never coincide with the trained suffix.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ import numpy as np
 
 from dpverify._validation import check_choice, check_int
 
-TokenCanaryMode = Literal["repeated", "new_token"]
-TOKEN_CANARY_MODES: tuple[str, ...] = ("repeated", "new_token")
+TokenCanaryMode = Literal["repeated", "new_token", "dirac"]
+TOKEN_CANARY_MODES: tuple[str, ...] = ("repeated", "new_token", "dirac")
+#: The modes whose (trained, fresh) suffixes are exchangeable, which the pair design needs.
+EXCHANGEABLE_MODES: tuple[str, ...] = ("repeated", "new_token")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +43,8 @@ class TokenCanaryConfig:
     """m prefix → suffix canaries over a vocabulary of ``base_vocab_size`` + ``new_tokens`` tokens.
 
     New tokens are the ids [base_vocab_size, base_vocab_size + new_tokens). The paper finds the encoding
-    degrades roughly as m / √new_tokens, so keep ``new_tokens`` of the order of m."""
+    degrades roughly as m / √new_tokens, so keep ``new_tokens`` of the order of m; ``dirac`` canaries
+    need ``new_tokens >= 2m`` (:func:`check_dirac_token_room`)."""
 
     m: int = 1000
     prefix_length: int = 4
@@ -82,9 +94,20 @@ class TokenCanaries:
         return mask
 
 
+def check_dirac_token_room(*, m: int, new_tokens: int) -> None:
+    """Dirac token canaries own two new tokens each: a run of m of them needs ``new_tokens >= 2m``."""
+    if new_tokens < 2 * m:
+        raise ValueError(
+            f"dirac token canaries own two new tokens each, so new_tokens must be >= 2 × the canaries of a run, "
+            f"got new_tokens={new_tokens}, m={m}"
+        )
+
+
 def make_token_canaries(config: TokenCanaryConfig, *, rng: np.random.Generator) -> TokenCanaries:
     """Draw the canaries of ``config`` from ``rng`` (same seed, same canaries)."""
     m, base, new = config.m, config.base_vocab_size, config.new_tokens
+    if config.mode == "dirac":
+        return _dirac_token_canaries(config, rng=rng)
     if config.mode == "repeated":
         prefixes = np.repeat(base + rng.integers(0, new, size=(m, 1)), config.prefix_length, axis=1)
         suffix_shape = (m, 1)
@@ -100,6 +123,20 @@ def make_token_canaries(config: TokenCanaryConfig, *, rng: np.random.Generator) 
         prefixes=prefixes.astype(np.int64),
         suffixes=np.repeat(base + suffixes, width, axis=1).astype(np.int64),
         comparison_suffixes=np.repeat(base + comparison, width, axis=1).astype(np.int64),
+    )
+
+
+def _dirac_token_canaries(config: TokenCanaryConfig, *, rng: np.random.Generator) -> TokenCanaries:
+    """Canary i: its own prefix token base + i, its own suffix token base + m + i, one shared base token
+    drawn from ``rng`` as every canary's comparison."""
+    check_dirac_token_room(m=config.m, new_tokens=config.new_tokens)
+    owned = np.arange(config.m, dtype=np.int64)[:, None]
+    shared = np.full((config.m, config.suffix_length), rng.integers(0, config.base_vocab_size), dtype=np.int64)
+    return TokenCanaries(
+        config=config,
+        prefixes=np.repeat(config.base_vocab_size + owned, config.prefix_length, axis=1),
+        suffixes=np.repeat(config.base_vocab_size + config.m + owned, config.suffix_length, axis=1),
+        comparison_suffixes=shared,
     )
 
 

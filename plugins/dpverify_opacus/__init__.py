@@ -14,8 +14,10 @@ noise divided by k, for benchmarks of the smallest noise deficit an audit catche
 epoch's steps from the dataset (:mod:`dpverify_opacus._dataloader`); B = round(q·N) by default, or a
 user's constant through :class:`OpacusDataLoaderImplementation`.
 
-``opacus-lm`` (and ``opacus-lm-no-noise``) train a small causal transformer on token canaries through the
-language-model contract (:class:`dpverify.contract.SequenceRequest`), with the same engine and the same tweaks.
+``opacus-lm`` (ghost clipping) and ``opacus-lm-hooks`` train a small causal transformer on token canaries
+through the language-model contract (:class:`dpverify.contract.SequenceRequest`), with the same engine and
+the same tweaks; :data:`LANGUAGE_VARIANTS` are their buggy variants (no noise, clipping at 2C, an
+un-noised or unclipped embedding).
 
 Importing this package is cheap: torch and opacus are imported inside the implementations' ``train``.
 It sets ``THP_MEM_ALLOC_ENABLE=1`` (unless the user set it) for torch, which reads it at its first
@@ -38,6 +40,7 @@ __all__ = [
     "OpacusLanguageImplementation",
     "VariantSpec",
     "VARIANTS",
+    "LANGUAGE_VARIANTS",
     "dataloader_implementation",
     "implementations",
     "language_implementations",
@@ -134,24 +137,17 @@ class OpacusLanguageImplementation(OpacusImplementation):
 
 
 def language_implementations() -> list[OpacusLanguageImplementation]:
-    """Opacus on the language-model contract, and its no-noise variant (bugs.md row 1)."""
+    """Opacus on the language-model contract in both ``grad_sample_mode``s, and its variants
+    (:data:`LANGUAGE_VARIANTS`)."""
     return [
         OpacusLanguageImplementation(
-            _info("opacus-lm", task="language", notes="PrivacyEngine.make_private on a causal transformer")
+            _info("opacus-lm", task="language", notes="PrivacyEngine.make_private on a causal transformer, ghost clipping")
         ),
         OpacusLanguageImplementation(
-            _info(
-                "opacus-lm-no-noise",
-                task="language",
-                expected="violation",
-                breaks="noise N(0, σ²C²) must be added to the clipped sum at every step; this step adds none",
-                bug=1,
-                detectability="D1",
-                notes="DPOptimizer.add_noise runs with noise_multiplier 0 (restored before the accountant reads it)",
-            ),
-            tweak="scaled_noise",
-            tweak_args={"scale": 0.0},
+            _info("opacus-lm-hooks", task="language", notes="PrivacyEngine.make_private on a causal transformer, hooks mode"),
+            grad_sample_mode="hooks",
         ),
+        *(spec.build() for spec in LANGUAGE_VARIANTS),
     ]
 
 
@@ -175,6 +171,8 @@ class VariantSpec:
     detectability: str
     notes: str
     tweak_args: Mapping[str, Any] = field(default_factory=dict)
+    grad_sample_mode: str = "ghost"
+    task: str = "classification"
 
     def build(self) -> OpacusImplementation:
         info = _info(
@@ -184,8 +182,10 @@ class VariantSpec:
             bug=self.bug,
             detectability=self.detectability,  # type: ignore[arg-type]
             notes=self.notes,
+            task=self.task,
         )
-        return OpacusImplementation(info, grad_sample_mode="ghost", tweak=self.tweak, tweak_args=self.tweak_args)
+        kind = OpacusLanguageImplementation if self.task == "language" else OpacusImplementation
+        return kind(info, grad_sample_mode=self.grad_sample_mode, tweak=self.tweak, tweak_args=self.tweak_args)
 
 
 VARIANTS: tuple[VariantSpec, ...] = (
@@ -311,15 +311,78 @@ VARIANTS: tuple[VariantSpec, ...] = (
 )
 
 
+#: Variants of Opacus training the designated transformer (the language-model contract). Those that break
+#: one layer kind were measured in the zero-initialised transformer of the Dirac token audit
+#: (benchmarks/results/language-detection.md).
+LANGUAGE_VARIANTS: tuple[VariantSpec, ...] = (
+    VariantSpec(
+        name="opacus-lm-no-noise",
+        bug=1,
+        tweak="scaled_noise",
+        tweak_args={"scale": 0.0},
+        breaks="noise N(0, σ²C²) must be added to the clipped sum at every step; this step adds none",
+        detectability="D1",
+        notes="DPOptimizer.add_noise runs with noise_multiplier 0 (restored before the accountant reads it)",
+        task="language",
+    ),
+    *(
+        VariantSpec(
+            name=name,
+            bug=2,
+            tweak="scaled_clipping",
+            tweak_args={"scale": 2.0},
+            breaks="rows must be clipped to the C the noise σ·C is drawn for; here they are clipped to 2C (a 2x "
+            "noise deficit)",
+            detectability="D2",
+            notes=notes,
+            grad_sample_mode=mode,
+            task="language",
+        )
+        for name, mode, notes in (
+            ("opacus-lm-clip-2c", "ghost", "Opacus' ghost-clipping module's max_grad_norm is 2C; the DPOptimizer keeps C for the noise"),
+            ("opacus-lm-hooks-clip-2c", "hooks", "DPOptimizer.clip_and_accumulate clips at 2C; add_noise keeps C"),
+        )
+    ),
+    VariantSpec(
+        name="opacus-lm-unnoised-embedding",
+        bug=5,
+        tweak="unnoised_embedding",
+        breaks="noise must be added to every coordinate of the clipped sum; the embeddings get none",
+        detectability="D4",
+        notes="DPOptimizer.add_noise, then the token and position embeddings get their clipped sum back "
+        "un-noised. A real leak: a non-member's prefix row never moves, so the model answers its prefix exactly "
+        "as a never-seen token, which a member's never does (benchmarks/results/language-embedding-leak.md). "
+        "But in the designated transformer the embeddings' gradient is second order (it flows through the LM "
+        "head, which starts at zero), so the audit's score, the suffix likelihood, does not see it: caught on "
+        "0 of 5 seeds at claimed ε 2 and 4 (benchmarks/results/language-detection.md)",
+        task="language",
+    ),
+    VariantSpec(
+        name="opacus-lm-unclipped-embedding",
+        bug=2,
+        tweak="unclipped_embedding",
+        breaks="each per-example gradient must be clipped to norm C as a whole; here the embeddings' part is "
+        "left out of the clipping",
+        detectability="D4",
+        notes="hooks mode: DPOptimizer.clip_and_accumulate takes norms and clips without the embeddings and adds "
+        "their per-sample gradients as they are. In the designated transformer the embeddings' gradient is "
+        "second order (it flows through the LM head, which starts at zero), so the excess sensitivity is tiny: "
+        "caught on 0 of 5 seeds at claimed ε 2 and 4 (benchmarks/results/language-detection.md)",
+        grad_sample_mode="hooks",
+        task="language",
+    ),
+)
+
+
 def variant(name: str) -> OpacusImplementation:
     """Build the buggy variant called ``name``."""
-    for spec in VARIANTS:
+    for spec in (*VARIANTS, *LANGUAGE_VARIANTS):
         if spec.name == name:
             return spec.build()
-    raise KeyError(f"no Opacus variant named {name!r}; known: {', '.join(s.name for s in VARIANTS)}")
+    raise KeyError(f"no Opacus variant named {name!r}; known: {', '.join(s.name for s in (*VARIANTS, *LANGUAGE_VARIANTS))}")
 
 
-def noise_scaled(k: float, *, grad_sample_mode: str = "ghost") -> OpacusImplementation:
+def noise_scaled(k: float, *, grad_sample_mode: str = "ghost", task: str = "classification") -> OpacusImplementation:
     """Opacus (ghost mode unless ``grad_sample_mode`` says otherwise) whose noise std is divided by ``k``
     while the claim stays Opacus' claim for σ.
 
@@ -328,13 +391,15 @@ def noise_scaled(k: float, *, grad_sample_mode: str = "ghost") -> OpacusImplemen
     if not k >= 1:
         raise ValueError(f"k must be >= 1, got {k!r}")
     info = _info(
-        f"opacus-noise-div-{k:g}",
+        f"opacus{'-lm' if task == 'language' else ''}-noise-div-{k:g}",
+        task=task,
         expected="violation" if k > 1 else "private",
         breaks=f"the noise on the clipped sum must have std σ·C; here it is σ·C/{k:g}" if k > 1 else None,
         detectability=("D1" if k >= 10 else "D2" if k >= 2 else "D3") if k > 1 else None,
         notes="benchmark variant: DPOptimizer.add_noise with noise_multiplier / k",
     )
-    return OpacusImplementation(info, grad_sample_mode=grad_sample_mode, tweak="scaled_noise", tweak_args={"scale": 1.0 / k})
+    kind = OpacusLanguageImplementation if task == "language" else OpacusImplementation
+    return kind(info, grad_sample_mode=grad_sample_mode, tweak="scaled_noise", tweak_args={"scale": 1.0 / k})
 
 
 def implementations() -> list[Implementation]:

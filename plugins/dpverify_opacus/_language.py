@@ -74,10 +74,15 @@ class CausalTransformer(nn.Module):
 
 
 def build_transformer(request: SequenceRequest, *, seed: int, device: torch.device) -> CausalTransformer:
-    """The designated transformer with torch's default init drawn from ``seed`` (global RNG left alone)."""
+    """The designated transformer with torch's default init drawn from ``seed`` (global RNG left alone);
+    ``init="dirac"`` then zeroes the token embedding and the LM head."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = CausalTransformer(request.vocab_size, request.architecture)
+    if request.architecture.init == "dirac":
+        with torch.no_grad():
+            for param in (model.token_embedding.weight, model.head.weight, model.head.bias):
+                param.zero_()
     return model.to(device)
 
 

@@ -61,6 +61,43 @@ def unnoised_parameters(base: type) -> type:
     return UnnoisedParameters
 
 
+def unclipped_parameters(base: type) -> type:
+    class UnclippedParameters(base):
+        """Hooks mode's ``clip_and_accumulate`` with the listed parameters left out of the clipping: their
+        per-sample gradients are summed as they are, and the per-sample norms (hence the clip factors of
+        the other parameters) are taken without them."""
+
+        dpverify_unclipped: tuple = ()
+
+        def clip_and_accumulate(self):
+            raw = [p.grad_sample.sum(dim=0) for p in self.dpverify_unclipped]
+            for p in self.dpverify_unclipped:
+                p.grad_sample.zero_()
+            super().clip_and_accumulate()
+            for p, summed in zip(self.dpverify_unclipped, raw):
+                p.summed_grad += summed
+
+    return UnclippedParameters
+
+
+def scaled_clipping(base: type) -> type:
+    class ScaledClipping(base):
+        """Hooks mode's ``clip_and_accumulate`` clips at ``s``·C; ``add_noise`` still draws σ·C for the C
+        it was given."""
+
+        dpverify_clip_scale: float = 1.0
+
+        def clip_and_accumulate(self):
+            bound = self.max_grad_norm
+            self.max_grad_norm = bound * self.dpverify_clip_scale
+            try:
+                super().clip_and_accumulate()
+            finally:
+                self.max_grad_norm = bound
+
+    return ScaledClipping
+
+
 def batch_clipping(base: type) -> type:
     class BatchClipping(base):
         """``accumulate`` (ghost mode's sum of rows, per-row clipping switched off in the module) clips
@@ -170,6 +207,45 @@ class UnnoisedLayer(Tweak):
             outputs = ([m for m in inner.modules() if isinstance(m, nn.Linear)][-1],)
         unnoised = tuple(p for layer in outputs for p in layer.parameters())
         mix_into(run.optimizer, unnoised_parameters, dpverify_unnoised=unnoised)
+
+
+def _embeddings(run: OpacusRun) -> tuple[nn.Parameter, ...]:
+    """The parameters of the model's ``nn.Embedding`` layers (a transformer's token and position embeddings)."""
+    inner = getattr(run.module, "_module", run.module)
+    return tuple(p for layer in inner.modules() if isinstance(layer, nn.Embedding) for p in layer.parameters())
+
+
+class UnnoisedEmbedding(Tweak):
+    """The embeddings (every ``nn.Embedding``: token and position) get no noise."""
+
+    def apply(self, run: OpacusRun) -> None:
+        mix_into(run.optimizer, unnoised_parameters, dpverify_unnoised=_embeddings(run))
+
+
+class UnclippedEmbedding(Tweak):
+    """The embeddings' per-sample gradients are left out of the clipping (hooks mode: ghost clipping
+    reweights the whole loss per sample, so it has no per-layer path to leave out)."""
+
+    supported_modes = ("hooks",)
+
+    def apply(self, run: OpacusRun) -> None:
+        mix_into(run.optimizer, unclipped_parameters, dpverify_unclipped=_embeddings(run))
+
+
+class ScaledClipping(Tweak):
+    """Clipping at ``scale``·C while the noise is σ·C: in ghost mode Opacus' ghost-clipping module's
+    ``max_grad_norm``, in hooks mode the DPOptimizer's clipping step; the optimizer keeps C for the noise."""
+
+    def __init__(self, scale: float):
+        if not (isinstance(scale, (int, float)) and scale > 0):
+            raise ValueError(f"scale must be a number > 0, got {scale!r}")
+        self.scale = float(scale)
+
+    def apply(self, run: OpacusRun) -> None:
+        if run.grad_sample_mode == "ghost":
+            run.module.max_grad_norm = run.optimizer.max_grad_norm * self.scale
+        else:
+            mix_into(run.optimizer, scaled_clipping, dpverify_clip_scale=self.scale)
 
 
 class DuplicatedRows(Tweak):
@@ -293,6 +369,9 @@ TWEAKS: dict[str, type[Tweak]] = {
     "no_clipping": NoClipping,
     "batch_clipping": BatchClipping,
     "unnoised_layer": UnnoisedLayer,
+    "unnoised_embedding": UnnoisedEmbedding,
+    "unclipped_embedding": UnclippedEmbedding,
+    "scaled_clipping": ScaledClipping,
     "duplicated_rows": DuplicatedRows,
     "realised_batch": RealisedBatchNormalisation,
     "accountant_steps": AccountantSkipsSteps,
