@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from dpverify.contract import (
     RELATIONS,
@@ -33,6 +33,9 @@ from dpverify.contract import (
     Implementation,
     MLPArchitecture,
     PrivacyClaim,
+    Request,
+    SequenceModel,
+    SequenceRequest,
     TrainedModel,
     TrainingRequest,
 )
@@ -50,6 +53,8 @@ __all__ = [
     "affinity_defect",
     "run_conformance",
 ]
+
+RequestType = TypeVar("RequestType", bound=Request)
 
 #: |logsumexp(row)| allowed for a row of log-probabilities (float32 log-softmax is good to ~1e-6).
 LOGSUMEXP_ATOL = 1e-4
@@ -117,10 +122,12 @@ def _name(impl: Implementation) -> str:
     return getattr(info, "name", None) or type(impl).__name__
 
 
-def _train(impl: Implementation, request: TrainingRequest) -> TrainedModel:
-    trained = impl.train(request)
-    assert isinstance(trained, TrainedModel), (
-        f"{_name(impl)}: train() must return a dpverify.contract.TrainedModel, got {type(trained).__name__}"
+def _train(impl: Implementation, request: Request) -> TrainedModel | SequenceModel:
+    """``impl.train(request)``, which must return the request's contract type."""
+    trained = impl.train(request)  # type: ignore[arg-type]
+    expected = SequenceModel if isinstance(request, SequenceRequest) else TrainedModel
+    assert isinstance(trained, expected), (
+        f"{_name(impl)}: train() must return a dpverify.contract.{expected.__name__}, got {type(trained).__name__}"
     )
     return trained
 
@@ -189,8 +196,8 @@ def check_output_contract(
 
 
 def check_claim_matches_request(
-    impl: Implementation, request: TrainingRequest, trained: TrainedModel | None = None
-) -> TrainedModel:
+    impl: Implementation, request: Request, trained: TrainedModel | SequenceModel | None = None
+) -> TrainedModel | SequenceModel:
     """The claim is about the requested run: sampling rate q, exactly ``hyperparameters.steps`` steps,
     and the requested σ (or, with a target ε, some σ > 0: see :func:`check_calibration`). A private run
     (σ > 0) claims a finite ε, a non-private one (σ = 0) an infinite ε."""
@@ -256,8 +263,8 @@ def check_determinism(
 
 
 def check_calibration(
-    impl: Implementation, request: TrainingRequest, tolerance: float = 0.01, trained: TrainedModel | None = None
-) -> TrainedModel:
+    impl: Implementation, request: Request, tolerance: float = 0.01, trained: TrainedModel | SequenceModel | None = None
+) -> TrainedModel | SequenceModel:
     """With a target ε, the claimed ε is within ``tolerance`` (relative) of it and σ > 0."""
     name = _name(impl)
     target = request.hyperparameters.target_epsilon
@@ -275,7 +282,7 @@ def check_calibration(
     return trained
 
 
-def with_target_epsilon(request: TrainingRequest, target_epsilon: float) -> TrainingRequest:
+def with_target_epsilon(request: RequestType, target_epsilon: float) -> RequestType:
     """``request`` with σ replaced by a target ε (same data, seed and other hyperparameters)."""
     hp = dataclasses.replace(request.hyperparameters, noise_multiplier=None, target_epsilon=target_epsilon)
     return dataclasses.replace(request, hyperparameters=hp)
@@ -405,7 +412,7 @@ def affinity_defect(log_proba: Callable[[np.ndarray], np.ndarray], request: Trai
 def run_conformance(
     impl: Implementation,
     *,
-    request: TrainingRequest | None = None,
+    request: TrainingRequest | SequenceRequest | None = None,
     target_epsilon: float = 1.0,
     architectures: Sequence[MLPArchitecture] | None = None,
 ) -> None:
@@ -417,12 +424,14 @@ def run_conformance(
     ``architectures`` are the models the implementation trains: by default the request's MLP and softmax
     regression (the model of the default profiles); a trainer that only trains softmax regression gives
     ``[MLPArchitecture(hidden_width=0)]``. The checks speak the classification contract; a language-model
-    implementation (``info.task == "language"``) is refused with a ``ValueError``."""
-    if impl.info.task != "classification":
-        raise ValueError(
-            f"{impl.info.name} trains a {impl.info.task} model; the conformance checks cover the classification "
-            "contract (TrainingRequest -> TrainedModel) only"
-        )
+    implementation (``info.task == "language"``) gets :func:`dpverify.language_conformance.run_language_conformance`
+    instead (``request`` then a :class:`SequenceRequest`, ``architectures`` not taken)."""
+    if impl.info.task == "language":
+        from dpverify.language_conformance import run_language_conformance
+
+        if architectures is not None:
+            raise ValueError(f"{impl.info.name} trains a language model: architectures are MLPs, give none")
+        return run_language_conformance(impl, request=request, target_epsilon=target_epsilon)  # type: ignore[arg-type]
     request = request if request is not None else small_request()
     if architectures is None:
         architectures = (request.architecture, MLPArchitecture(hidden_width=0))

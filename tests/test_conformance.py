@@ -1,7 +1,7 @@
 """Every registered classification implementation passes the conformance suite on a tiny request.
 
 Parametrised over ``registered_implementations()`` with ``task == "classification"`` (built-ins and
-anything registered through the entry point group; language models have their own tests), ids = names; an implementation whose library is missing is skipped with its reason.
+anything registered through the entry point group; language models: tests/test_language_conformance.py), ids = names; an implementation whose library is missing is skipped with its reason.
 A variant whose bug is an accountant fed the wrong numbers (bugs.md row 8) must *fail* the
 claim-matches-request check: that check is how conformance catches it without an audit. Every one, the
 reference included, trains the designated models: a zero-initialised softmax regression for hidden width
@@ -146,19 +146,6 @@ class _Fake(Implementation):
         )
         fields.update(self.claim_changes)
         return TrainedModel(predict_log_proba=predict, claim=PrivacyClaim(**fields), device="cpu")
-
-
-def test_a_language_model_is_refused_with_a_reason():
-    from dpverify.contract import LanguageImplementation
-
-    class Language(LanguageImplementation):
-        info = ImplementationInfo(name="lm", library="none", task="language")
-
-        def train(self, request):
-            raise AssertionError("never trained")
-
-    with pytest.raises(ValueError, match="lm trains a language model; the conformance checks cover the classification"):
-        conformance.run_conformance(Language())
 
 
 def test_a_small_correct_dpsgd_passes_everything():
