@@ -265,3 +265,13 @@ def test_a_pass_of_the_dirac_design_states_the_signal_it_promises():
     assert expected_signal(LanguageAuditConfig()) == DIRAC_SIGNAL_FLOOR
     assert expected_signal(REPEATED_TOKEN_BASELINE) is None
     assert expected_signal(LanguageAuditConfig().with_overrides(sampling_rate=0.5)) is None
+
+
+def test_a_canary_with_an_untouched_prefix_ranks_below_every_other_and_nothing_else_moves():
+    from dpverify.audits.language import _untouched_last
+
+    scores = np.array([0.3, -2.0, 1.5, 0.1])
+    own, unseen = np.array([-1.0, -2.0, -3.0, -4.0]), np.array([-1.0, -2.5, -3.0, -4.5])
+    ranked = _untouched_last(scores, own, unseen)
+    assert ranked[[0, 2]].max() < ranked[[1, 3]].min() and np.array_equal(ranked[[1, 3]], scores[[1, 3]])
+    assert np.array_equal(_untouched_last(scores, own, unseen - 1e-12), scores)  # a bit apart: untouched no more

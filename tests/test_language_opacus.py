@@ -101,6 +101,7 @@ def test_the_registry_names_and_tasks():
     assert {n for n, i in IMPLEMENTATIONS.items() if i.info.expected == "private"} == {"opacus-lm", "opacus-lm-hooks"}
     assert IMPLEMENTATIONS["opacus-lm-hooks"].grad_sample_mode == "hooks"
     assert IMPLEMENTATIONS["opacus-lm-no-noise"].info.detectability == "D1"
+    assert IMPLEMENTATIONS["opacus-lm-unnoised-embedding"].info.detectability == "D1"
 
 
 #: The Dirac default at a fifth of its canaries (4 runs of 500): a few seconds an audit.
@@ -197,3 +198,11 @@ def test_the_dirac_audit_passes_opacus_in_both_modes_and_catches_the_missing_noi
     scores, membership = results["opacus-lm-no-noise"].scores, results["opacus-lm-no-noise"].membership
     assert scores[membership == 1].min() > scores[membership == -1].max()
 
+
+def test_the_unnoised_embedding_is_caught_by_its_untouched_prefix_rows():
+    """Seed 0 at claimed ε = 2, 2000 canaries in 4 runs: a non-member's prefix row never moves without the
+    embedding's noise, so its suffix is exactly as likely after its prefix as after an unseen token and it
+    ranks below every member."""
+    result = run_language_audit(IMPLEMENTATIONS["opacus-lm-unnoised-embedding"], SMALL_DIRAC)
+    assert result.verdict == "violation", result.summary()
+    assert result.scores[result.membership == 1].min() > result.scores[result.membership == -1].max()

@@ -20,7 +20,9 @@ The m canaries may be split over ``pooled_runs`` independent runs (each with its
 vocabulary), pooled into one audit as in the classification audit. Dirac token canaries (the default)
 compare with one base token shared by a run's canaries, so each run's scores are centred on their mean
 before pooling: a post-processing of that run's model, which moves the run's shared offset, not a
-canary's rank within its run.
+canary's rank within its run. A Dirac canary whose suffix is exactly as likely after its own prefix as after
+a token no sequence contains (its prefix's embedding row untouched, impossible where every row gets noise)
+is ranked last: what shows an embedding left without noise.
 """
 
 from __future__ import annotations
@@ -272,13 +274,21 @@ def _one_run(
         progress=step_progress,
     )
 
+    dirac = canary_config.mode == "dirac"
+    queries = [trained_sequences, canaries.sequences(canaries.comparison_suffixes)]
+    if dirac:  # each suffix after a prefix of the comparison token, which no sequence contains
+        unseen_prefix = np.broadcast_to(canaries.comparison_suffixes[:, :1], canaries.prefixes.shape)
+        queries.append(np.concatenate([unseen_prefix, canaries.suffixes], axis=1))
+
     def score(trained: SequenceModel) -> tuple[np.ndarray, np.ndarray, None]:
-        both = np.concatenate([trained_sequences, canaries.sequences(canaries.comparison_suffixes)])
         log_probs = query_black_box(
-            trained, both, expected_shape=(2 * m, canary_config.sequence_length - 1), head="token_log_probs"
+            trained,
+            np.concatenate(queries),
+            expected_shape=(len(queries) * m, canary_config.sequence_length - 1),
+            head="token_log_probs",
         )
         likelihood = suffix_log_likelihood(log_probs, prefix_length=canary_config.prefix_length)
-        trained_likelihood, fresh_likelihood = likelihood[:m], likelihood[m:]
+        trained_likelihood, fresh_likelihood = likelihood[:m], likelihood[m : 2 * m]
         membership = membership_after_training(drawn_before, membership_rng, m)
         if drawn_before is None:
             shown, other = present_pair(membership, trained_likelihood, fresh_likelihood)
@@ -286,11 +296,28 @@ def _one_run(
             shown, other = trained_likelihood, fresh_likelihood
         # How much likelier the shown suffix is than the other one.
         scores = shown - other
-        if canary_config.mode == "dirac":
+        if dirac:
             # The run's shared offset (its comparison token's noise, its init) set apart from its canaries'
             # own rows before runs are pooled. The mean, not the median: a run's members and non-members may
             # split into two clusters (no noise), between which a median jumps with the members' count.
             scores = scores - scores.mean()
+            scores = _untouched_last(scores, trained_likelihood, likelihood[2 * m :])
         return scores, membership, None
 
     return request, score
+
+
+def _untouched_last(scores: np.ndarray, after_own_prefix: np.ndarray, after_unseen_prefix: np.ndarray) -> np.ndarray:
+    """``scores`` with every canary whose prefix the run left untouched ranked below all others.
+
+    A canary's prefix row is untouched when its suffix is exactly as likely, to the last bit, after its own
+    prefix as after a token that no sequence contains: both embedding rows are then where they started. Noise
+    on every row makes that an event of probability 0, so in a run that keeps its claim this changes no score;
+    but where the embedding gets no noise, a non-member's prefix row never moves and a member's does
+    (benchmarks/results/language-embedding-leak.md), and this ranking is what sees it."""
+    untouched = after_own_prefix == after_unseen_prefix
+    if not untouched.any():
+        return scores
+    ranked = scores.copy()
+    ranked[untouched] = scores[~untouched].min(initial=0.0) - 1.0
+    return ranked

@@ -348,13 +348,12 @@ LANGUAGE_VARIANTS: tuple[VariantSpec, ...] = (
         bug=5,
         tweak="unnoised_embedding",
         breaks="noise must be added to every coordinate of the clipped sum; the embeddings get none",
-        detectability="D4",
+        detectability="D1",
         notes="DPOptimizer.add_noise, then the token and position embeddings get their clipped sum back "
-        "un-noised. A real leak: a non-member's prefix row never moves, so the model answers its prefix exactly "
-        "as a never-seen token, which a member's never does (benchmarks/results/language-embedding-leak.md). "
-        "But in the designated transformer the embeddings' gradient is second order (it flows through the LM "
-        "head, which starts at zero), so the audit's score, the suffix likelihood, does not see it: caught on "
-        "0 of 5 seeds at claimed ε 2 and 4 (benchmarks/results/language-detection.md)",
+        "un-noised. A non-member's prefix row never moves, so the model answers its prefix exactly as a "
+        "never-seen token, which a member's never does (benchmarks/results/language-embedding-leak.md): the "
+        "Dirac token score ranks such untouched canaries last. The suffix likelihood alone does not see it (the "
+        "embeddings' gradient flows through the LM head, which starts at zero: second order)",
         task="language",
     ),
     VariantSpec(
