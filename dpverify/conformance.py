@@ -412,7 +412,7 @@ def affinity_defect(log_proba: Callable[[np.ndarray], np.ndarray], request: Trai
 def run_conformance(
     impl: Implementation,
     *,
-    request: TrainingRequest | SequenceRequest | None = None,
+    request: TrainingRequest | None = None,
     target_epsilon: float = 1.0,
     architectures: Sequence[MLPArchitecture] | None = None,
 ) -> None:
@@ -424,14 +424,13 @@ def run_conformance(
     ``architectures`` are the models the implementation trains: by default the request's MLP and softmax
     regression (the model of the default profiles); a trainer that only trains softmax regression gives
     ``[MLPArchitecture(hidden_width=0)]``. The checks speak the classification contract; a language-model
-    implementation (``info.task == "language"``) gets :func:`dpverify.language_conformance.run_language_conformance`
-    instead (``request`` then a :class:`SequenceRequest`, ``architectures`` not taken)."""
-    if impl.info.task == "language":
-        from dpverify.language_conformance import run_language_conformance
-
-        if architectures is not None:
-            raise ValueError(f"{impl.info.name} trains a language model: architectures are MLPs, give none")
-        return run_language_conformance(impl, request=request, target_epsilon=target_epsilon)  # type: ignore[arg-type]
+    implementation (``info.task == "language"``) is refused with a ``ValueError`` naming its suite,
+    :func:`dpverify.language_conformance.run_language_conformance`."""
+    if impl.info.task != "classification":
+        raise ValueError(
+            f"{impl.info.name} trains a {impl.info.task} model; these checks cover the classification contract "
+            "(TrainingRequest -> TrainedModel): run dpverify.language_conformance.run_language_conformance"
+        )
     request = request if request is not None else small_request()
     if architectures is None:
         architectures = (request.architecture, MLPArchitecture(hidden_width=0))

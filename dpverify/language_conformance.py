@@ -5,7 +5,7 @@ What :mod:`dpverify.conformance` checks for a classifier, for a trainer of the l
 that take seconds::
 
     from dpverify.language_conformance import run_language_conformance
-    run_language_conformance(my_lm_trainer)      # or dpverify.conformance.run_conformance, which sends it here
+    run_language_conformance(my_lm_trainer)
 
 The checks: the black box's form (:func:`check_sequence_output_contract`), the claim is about the requested
 run and a target ε is met (shared with classification), the seed decides the run
