@@ -334,6 +334,27 @@ class SequenceModel:
     device: str
 
 
+def noise_and_claim(
+    name: str,
+    library: str,
+    hyperparameters: DPHyperparameters,
+    *,
+    calibrate: Callable[[], float],
+    claim: Callable[[float], PrivacyClaim],
+) -> tuple[float, PrivacyClaim]:
+    """What a trainer that leaves accounting to its library does first: σ (the request's, or
+    ``calibrate()``, the library's σ for the request's target ε) and the library's ``claim(σ)``. The accountant's failure
+    is a ``RuntimeError`` naming the implementation and the library, before any training."""
+    try:
+        if hyperparameters.noise_multiplier is not None:
+            sigma = float(hyperparameters.noise_multiplier)
+        else:
+            sigma = calibrate()
+        return sigma, claim(sigma)
+    except Exception as exc:
+        raise RuntimeError(f"{name}: {library}'s accountant could not state a claim: {exc}") from exc
+
+
 #: This repository's environment for each extra of its bundled families (noxfile.py's sessions, made by
 #: ``bash scripts/setup.sh``): families that cannot share one environment (TF-Privacy 0.9 needs numpy < 2,
 #: JAX-Privacy 2.0 numpy 2) are audited from their own.

@@ -22,7 +22,7 @@ This module imports neither jax nor jax_privacy: listing implementations works w
 
 from __future__ import annotations
 
-from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest
+from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest, noise_and_claim
 
 __all__ = ["JaxPrivacy", "implementations"]
 
@@ -86,16 +86,15 @@ class JaxPrivacy(Implementation):
         from dpverify_jaxprivacy import _accounting
 
         hp = request.hyperparameters
-        try:
-            if hp.noise_multiplier is not None:
-                sigma = float(hp.noise_multiplier)
-            else:
-                sigma = _accounting.calibrate_noise_multiplier(
-                    hp.target_epsilon, *_accounting.batch_and_size(hp.sampling_rate), hp.steps, hp.delta
-                )
-            claim = _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta)
-        except Exception as exc:
-            raise RuntimeError(f"{self.info.name}: JAX-Privacy's accountant could not state a claim: {exc}") from exc
+        sigma, claim = noise_and_claim(
+            self.info.name,
+            "JAX-Privacy",
+            hp,
+            calibrate=lambda: _accounting.calibrate_noise_multiplier(
+                hp.target_epsilon, *_accounting.batch_and_size(hp.sampling_rate), hp.steps, hp.delta
+            ),
+            claim=lambda sigma: _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta),
+        )
         from dpverify_jaxprivacy._core import train_core
 
         try:

@@ -37,11 +37,10 @@ DP_STEPS: tuple[str, ...] = ("correct", "no_noise", "no_clipping", "noise_for_me
 #: The clip norm of the no-clipping variant: no gradient of a finite float32 model reaches it.
 UNCLIPPED_NORM = 1e30
 
-#: The library's own functions, kept before :func:`library_calls` ever replaces them.
+#: The library's own functions, kept before :func:`library_calls` ever replaces them (the privatizer is
+#: public: the core path builds one inside its trace).
 _CLIPPED_GRAD = jax_privacy.clipped_grad
-_GAUSSIAN_PRIVATIZER = noise_addition.gaussian_privatizer
-#: ``gaussian_privatizer`` as the library ships it, for callers that build one inside a trace.
-LIBRARY_PRIVATIZER = _GAUSSIAN_PRIVATIZER
+LIBRARY_PRIVATIZER = noise_addition.gaussian_privatizer
 _SWAP_LOCK = threading.Lock()
 
 
@@ -87,7 +86,7 @@ class DPStep:
 
     def privatizer(self, *, stddev: float, **kwargs):
         """``gaussian_privatizer(stddev=...)`` as the variant calls it."""
-        return _GAUSSIAN_PRIVATIZER(stddev=self.noise_stddev(stddev), **kwargs)
+        return LIBRARY_PRIVATIZER(stddev=self.noise_stddev(stddev), **kwargs)
 
 
 @contextlib.contextmanager
@@ -105,4 +104,4 @@ def library_calls(step: DPStep):
             yield
         finally:
             jax_privacy.clipped_grad = _CLIPPED_GRAD
-            noise_addition.gaussian_privatizer = _GAUSSIAN_PRIVATIZER
+            noise_addition.gaussian_privatizer = LIBRARY_PRIVATIZER

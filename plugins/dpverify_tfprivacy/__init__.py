@@ -16,7 +16,7 @@ This module does not import tensorflow: listing implementations works without it
 
 from __future__ import annotations
 
-from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest
+from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest, noise_and_claim
 
 __all__ = ["TFPrivacyKeras", "implementations"]
 
@@ -83,16 +83,13 @@ class TFPrivacyKeras(Implementation):
         from dpverify_tfprivacy import _accounting
 
         hp = request.hyperparameters
-        try:
-            if hp.noise_multiplier is not None:
-                sigma = float(hp.noise_multiplier)
-            else:
-                sigma = _accounting.calibrate_noise_multiplier(
-                    hp.target_epsilon, hp.sampling_rate, hp.steps, hp.delta
-                )
-            claim = _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta)
-        except Exception as exc:
-            raise RuntimeError(f"{self.info.name}: TF-Privacy's accountant could not state a claim: {exc}") from exc
+        sigma, claim = noise_and_claim(
+            self.info.name,
+            "TF-Privacy",
+            hp,
+            calibrate=lambda: _accounting.calibrate_noise_multiplier(hp.target_epsilon, hp.sampling_rate, hp.steps, hp.delta),
+            claim=lambda sigma: _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta),
+        )
         if self.path == "fast_clipping":
             from dpverify_tfprivacy import _fast_clipping as trainer
         else:
