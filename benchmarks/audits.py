@@ -119,18 +119,30 @@ def _describe(config: AuditConfig) -> str:
             f"{len(config.guess_rule.counts(c.m))} counts with Bonferroni")
 
 
-def _header(title: str, args: argparse.Namespace) -> list[str]:
-    device = resolve_device(args.device)
-    if device == "cuda":
+def device_line(device: str) -> str:
+    """A results file's device: the GPU and torch version, or the CPU's architecture and cores."""
+    if resolve_device(device) == "cuda":
         import torch
 
-        where = f"cuda ({torch.cuda.get_device_name()}, torch {torch.__version__}; {os.cpu_count()} CPU cores)"
-    else:
-        where = f"cpu ({platform.machine()}, {os.cpu_count()} logical cores, no GPU)"
+        return f"cuda ({torch.cuda.get_device_name()}, torch {torch.__version__}; {os.cpu_count()} CPU cores)"
+    return f"cpu ({platform.machine()}, {os.cpu_count()} logical cores, no GPU)"
+
+
+def separation_over_mu(results: Iterable[AuditResult], mu: float) -> list[float]:
+    """Per audit, (mean member score − mean non-member score) / the non-members' standard deviation, over
+    the claimed μ: 1 when the black-box scores carry the whole claimed signal."""
+    ratios = []
+    for r in results:
+        members, others = r.scores[r.membership == 1], r.scores[r.membership == -1]
+        ratios.append(float((members.mean() - others.mean()) / others.std() / mu))
+    return ratios
+
+
+def _header(title: str, args: argparse.Namespace) -> list[str]:
     return [
         f"# {title}",
         "",
-        f"- device: {where}",
+        f"- device: {device_line(args.device)}",
         f"- date: {datetime.date.today().isoformat()}",
         f"- command: `{args.command}`",
         f"- profile: {args.profile} unless a column says otherwise ({_describe(_profile(args))})",
@@ -230,10 +242,7 @@ def separation(args: argparse.Namespace) -> list[str]:
     for name in args.implementations:
         for mu in (0.5, 1.0, 2.0):
             results = _seeded(args, name, noise_multiplier=math.sqrt(steps) / mu)
-            ratios = []
-            for r in results:
-                members, others = r.scores[r.membership == 1], r.scores[r.membership == -1]
-                ratios.append((members.mean() - others.mean()) / others.std() / mu)
+            ratios = separation_over_mu(results, mu)
             _add_row(rows, name, mu, min(ratios), _median(ratios), max(ratios), _median(r.seconds for r in results))
     columns = ("implementation", "claimed μ", "min separation / μ", "median", "max", "s / audit")
     return _header("Dirac canaries reach the claimed mechanism", args) + [

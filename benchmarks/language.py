@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from audits import EPSILONS, _table, _write  # benchmarks/ is the script's directory
+from audits import EPSILONS, _table, _write, device_line  # benchmarks/ is the script's directory
+from language_dirac import describe
 
 from dpverify.audits.steps import resolve_device
 from dpverify.audits.language import REPEATED_TOKEN_BASELINE, LanguageAuditConfig, run_language_audit
@@ -36,29 +35,12 @@ def configured(base: LanguageAuditConfig, *, design: str, mode: str, epsilon: fl
     return base.with_overrides(design=design, mode=mode, epsilon=epsilon, seed=seed)
 
 
-def describe(config: LanguageAuditConfig) -> str:
-    c, a, h = config.canaries, config.architecture, config.hyperparameters
-    return (
-        f"m = {c.m} canaries of {c.prefix_length} + {c.suffix_length} tokens over {c.base_vocab_size} + "
-        f"{c.new_tokens} tokens; transformer {a.layers} block(s), width {a.width}, {a.heads} heads; "
-        f"q = {h.sampling_rate:g}, {h.steps} steps, lr {h.learning_rate:g}, clip {h.max_grad_norm:g}; "
-        f"δ = {h.delta:g}, {config.confidence:.0%} confidence, guess grid of "
-        f"{len(config.guess_rule.counts(c.m))} counts with Bonferroni"
-    )
-
-
 def header(args: argparse.Namespace, config: LanguageAuditConfig) -> list[str]:
     """Title, device, date, command and configuration (audits.py's header is tied to the MLP profiles)."""
-    if config.device == "cuda":
-        import torch
-
-        where = f"cuda ({torch.cuda.get_device_name()}, torch {torch.__version__})"
-    else:
-        where = f"cpu ({platform.machine()}, {os.cpu_count()} logical cores, shared with other jobs, no GPU)"
     return [
         "# Language-model audit: repeated-token canaries (UniAud) and NewToken (Panda et al. 2025)",
         "",
-        f"- device: {where}",
+        f"- device: {device_line(config.device)}",
         f"- date: {datetime.date.today().isoformat()}",
         f"- command: `{args.command}`",
         f"- configuration: REPEATED_TOKEN_BASELINE: {describe(config)}",

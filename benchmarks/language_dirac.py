@@ -16,8 +16,6 @@ import argparse
 import dataclasses
 import datetime
 import math
-import os
-import platform
 import sys
 import time
 import warnings
@@ -26,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from audits import _add_row, _median, _table, _write  # benchmarks/ is the script's directory
+from audits import _add_row, _median, _table, _write, device_line, separation_over_mu  # benchmarks/ is the script's directory
 from curves import perfect_attacker
 
 from dpverify.audits.language import REPEATED_TOKEN_BASELINE, LanguageAuditConfig, run_language_audit
@@ -58,7 +56,8 @@ def _seeded(args: argparse.Namespace, name: str, **overrides) -> list[AuditResul
     return [_audit(args, name, seed=args.first_seed + s, **overrides) for s in range(args.seeds)]
 
 
-def _describe(config: LanguageAuditConfig) -> str:
+def describe(config: LanguageAuditConfig) -> str:
+    """One line of what a language audit designates, for a results file's header."""
     c, a, h = config.canaries, config.architecture, config.hyperparameters
     return (
         f"m = {c.m} {c.mode} token canaries of {c.prefix_length} + {c.suffix_length} tokens in {config.pooled_runs} "
@@ -71,31 +70,16 @@ def _describe(config: LanguageAuditConfig) -> str:
 
 
 def _header(title: str, args: argparse.Namespace) -> list[str]:
-    if resolve_device(args.device) == "cuda":
-        import torch
-
-        where = f"cuda ({torch.cuda.get_device_name()}, torch {torch.__version__})"
-    else:
-        where = f"cpu ({platform.machine()}, {os.cpu_count()} logical cores shared with another job, no GPU)"
     return [
         f"# {title}",
         "",
-        f"- device: {where}",
+        f"- device: {device_line(args.device)}",
         f"- date: {datetime.date.today().isoformat()}",
         f"- command: `{args.command}`",
         f"- configuration: LanguageAuditConfig() (the LM quick default) unless a row says otherwise: "
-        f"{_describe(LanguageAuditConfig())}",
+        f"{describe(LanguageAuditConfig())}",
         "",
     ]
-
-
-def _separation_over_mu(results: list[AuditResult], mu: float) -> list[float]:
-    """(mean member score − mean non-member score) / the non-members' standard deviation, over μ."""
-    ratios = []
-    for r in results:
-        members, others = r.scores[r.membership == 1], r.scores[r.membership == -1]
-        ratios.append(float((members.mean() - others.mean()) / others.std() / mu))
-    return ratios
 
 
 def separation(args: argparse.Namespace) -> list[str]:
@@ -108,7 +92,7 @@ def separation(args: argparse.Namespace) -> list[str]:
         steps = (base or LanguageAuditConfig()).hyperparameters.steps
         for mu in (0.5, 1.0, 2.0):
             results = [_audit(args, name, seed=args.first_seed + s, base=base, noise_multiplier=math.sqrt(steps) / mu) for s in range(args.seeds)]
-            ratios = _separation_over_mu(results, mu)
+            ratios = separation_over_mu(results, mu)
             _add_row(rows, name, canaries, mu, min(ratios), _median(ratios), max(ratios), _median(r.seconds for r in results))
     columns = ("implementation", "canaries", "claimed μ", "min separation / μ", "median", "max", "s / audit")
     return _header("Dirac token canaries reach the claimed mechanism", args) + [
