@@ -16,6 +16,7 @@ from dpverify import __version__
 from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES
 from dpverify.execution import EXECUTORS, ExecutorSpec
 from dpverify.progress import ProgressLine, StreamDisplay
+from dpverify.session import EXCLUDE
 
 #: The target ε when neither ``--epsilon`` nor ``--set noise_multiplier=`` is given.
 DEFAULT_EPSILON = 2.0
@@ -58,7 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     audit = commands.add_parser(
         "audit", parents=[registers], help="audit registered implementations (the level is shared among them)"
     )
-    audit.add_argument("names", nargs="*", help="implementation names or glob patterns (see `dpverify list`)")
+    audit.add_argument(
+        "names",
+        nargs="*",
+        help=f"implementation names or glob patterns (see `dpverify list`); a pattern after {EXCLUDE} leaves out "
+        f"the names it matches (quote it from the shell: '*' '{EXCLUDE}jax-privacy-keras-no*', or --all "
+        f"'{EXCLUDE}opacus-lm*')",
+    )
     audit.add_argument("--all", action="store_true", help="audit every registered, available implementation")
     audit.add_argument("--profile", choices=PROFILE_NAMES, default="quick", help=_profile_help())
     audit.add_argument(
@@ -125,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
         "(default: inprocess, or pool with --workers)",
     )
     audit.add_argument("--workers", type=int, default=None, help="processes of the pool (CPUs of a local Ray cluster), >= 1")
+    audit.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="audit in this many processes of each environment, >= 1: the implementations are dealt among them "
+        "and their audits run side by side (one table, one report, one level; the same results as in one "
+        "process); on a machine of n cores, n processes in all keep every core busy to the end",
+    )
     audit.add_argument("--ray-address", metavar="ADDRESS", help="a running Ray cluster: auto, or ray://HOST:10001")
     audit.add_argument(
         "--env",
@@ -175,6 +190,7 @@ OPTION_CHECKS: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
     ("audit", "--confidence", lambda v: 0 < v < 1, "in (0, 1)"),
     ("audit", "--seed", lambda v: v >= 0, ">= 0"),
     ("audit", "--workers", lambda v: v >= 1, "an integer >= 1"),
+    ("audit", "--jobs", lambda v: v >= 1, "an integer >= 1"),
     ("audit", "--planned-audits", lambda v: v >= 0, ">= 0"),
     ("bound", "--m", lambda v: v >= 1, ">= 1"),
     ("bound", "--delta", lambda v: 0 < v < 1, "in (0, 1)"),
@@ -190,8 +206,11 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(f"{option} must be {allowed}, got {value:g}")
     if args.command == "audit" and args.compare_fail and not args.compare:
         parser.error("--compare-fail fails the run on a significant rise since a baseline; give the baseline with --compare")
-    if args.command == "audit" and args.all and args.names:
-        parser.error(f"--all audits every registered implementation; give names ({' '.join(args.names)}) or --all, not both")
+    if args.command == "audit" and args.all and not all(name.startswith(EXCLUDE) for name in args.names):
+        parser.error(
+            f"--all audits every registered implementation; give names ({' '.join(args.names)}) or --all, not both "
+            f"(--all takes only exclusions, e.g. '{EXCLUDE}opacus-lm*')"
+        )
     if args.command == "audit" and args.plan and args.envs:
         parser.error("--plan prints this environment's audits; give it without --env")
 
@@ -311,7 +330,7 @@ FORWARDED_OPTIONS: tuple[tuple[str, str], ...] = (
     ("imports", "--import"), ("profile", "--profile"), ("epsilon", "--epsilon"), ("design", "--design"),
     ("worlds", "--worlds"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
     ("confidence", "--confidence"), ("seed", "--seed"), ("device", "--device"), ("plots", "--plots"),
-    ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"),
+    ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"), ("jobs", "--jobs"),
 )  # fmt: skip
 
 
@@ -345,7 +364,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         seed=args.seed,
         device=args.device,
         epsilon=overrides.get("epsilon", float("nan")),
-        implementations=() if args.all else tuple(args.names),
+        implementations=("*", *args.names) if args.all and args.names else () if args.all else tuple(args.names),
         report_path=args.report,
         plots_dir=args.plots,
         command=command,
@@ -355,7 +374,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
     delegations = delegate(
         environments,
-        [*(args.names or ["--all"]), *forwarded_options(args)],
+        [*(["--all"] if args.all else []), *args.names, *forwarded_options(args)],
         runnable_here={impl.info.name for impl in chosen if impl.unavailable_reason() is None},
     )
     delegated = {name for delegation in delegations for name in delegation.names}
@@ -379,7 +398,11 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
-    running = [start_delegation(delegation, forwarded_options(args), session=session) for delegation in delegations]
+    plan, shared = _share_among_jobs(plan, args.jobs)
+    argv = forwarded_options(args)
+    running = [start_delegation(delegation, argv, session=session) for delegation in delegations]
+    running += [start_delegation(delegation, [*argv, "--jobs", "1"], session=session) for delegation in shared]
+    delegations = [*delegations, *shared]
     try:
         for index, (audit, implementation, config) in enumerate(plan, start=1):
             label = f"[{index}/{len(plan)}] {_audit_name(audit)}"
@@ -431,6 +454,26 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     if risen and args.compare_fail:
         print(f"{risen} significant rise(s) since the baseline: --compare-fail fails the run")
     return 1 if unexpected or (risen and args.compare_fail) else 0
+
+
+def _share_among_jobs(plan: list[tuple[Any, Any, Any]], jobs: int) -> tuple[list[tuple[Any, Any, Any]], list[Any]]:
+    """``--jobs``: this environment's runnable implementations dealt into ``jobs`` hands; the audits of the
+    first (and of the implementations that cannot run here, to say so) stay in this process, each other hand
+    is delegated to a process of this environment's own Python, which audits it as an ``--env`` run would."""
+    from dpverify.environments import Delegation, deal, plan_entry, this_environment
+
+    runnable = dict.fromkeys(audit.implementation_name for audit, impl, _ in plan if impl.unavailable_reason() is None)
+    _, *others = deal(list(runnable), jobs) or [()]
+    shared = [
+        Delegation(
+            environment=this_environment(),
+            names=hand,
+            planned=tuple(plan_entry(a, i, c, nodeid=_nodeid(a)) for a, i, c in plan if a.implementation_name in hand),
+        )
+        for hand in others
+    ]
+    elsewhere = {name for hand in others for name in hand}
+    return [entry for entry in plan if entry[0].implementation_name not in elsewhere], shared
 
 
 def _baseline(path: str | None) -> dict[str, Any] | None:

@@ -51,6 +51,17 @@ class Environment:
         return subprocess.run([str(self.python), "-m", "dpverify", *argv], **kwargs)
 
 
+def this_environment() -> Environment:
+    """This process's own Python: where the audits a run shares among its processes (``--jobs``) run."""
+    return Environment(given="this environment", python=Path(sys.executable))
+
+
+def deal(names: Sequence[str], jobs: int) -> list[tuple[str, ...]]:
+    """``names`` dealt in turn into ``jobs`` hands, the empty ones dropped. Names in order (an implementation and
+    its variants sit side by side) land in different hands, so each process gets a share of every family."""
+    return [hand for hand in (tuple(names[start::jobs]) for start in range(jobs)) if hand]
+
+
 @dataclass(frozen=True)
 class Delegation:
     """The audits one environment runs for this session: ``planned`` are the entries of its ``--plan``

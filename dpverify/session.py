@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from dpverify._text import decided_by, deficit_text
 from dpverify.execution import Executor, ExecutorSpec
@@ -39,6 +39,21 @@ def utc_now() -> str:
 def process_command() -> str:
     """This process's command line as a shell would take it (what the report records by default)."""
     return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else ""
+
+
+#: A pattern that starts with this excludes the names it matches (``*,!jax-privacy-keras-no*``).
+EXCLUDE = "!"
+
+
+def selected_by(patterns: Sequence[str], name: str) -> bool:
+    """Whether ``name`` matches one of the glob ``patterns`` and none of the exclusions among them (a
+    pattern after :data:`EXCLUDE`). Exclusions take from what the other patterns select, so a list of
+    exclusions alone selects nothing."""
+    import fnmatch
+
+    excluded = [p.removeprefix(EXCLUDE) for p in patterns if p.startswith(EXCLUDE)]
+    included = [p for p in patterns if not p.startswith(EXCLUDE)]
+    return any(fnmatch.fnmatchcase(name, p) for p in included) and not any(fnmatch.fnmatchcase(name, p) for p in excluded)
 
 
 class PlanExceeded(RuntimeError):
@@ -115,9 +130,9 @@ class AuditSession:
         return zlib.crc32(f"{self.seed}:{key}".encode()) & 0x7FFFFFFF
 
     def selected(self, name: str) -> bool:
-        import fnmatch
-
-        return not self.implementations or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.implementations)
+        """Whether the session audits ``name``: every name when no pattern is given, else one that matches
+        a pattern and no exclusion (:func:`selected_by`)."""
+        return not self.implementations or selected_by(self.implementations, name)
 
     def gather(self, result: dict[str, Any]) -> None:
         """Add one audit's JSON result; a result that carries ``planned_audits`` (from an xdist worker, the

@@ -151,6 +151,30 @@ def test_the_library_calls_are_restored_after_a_keras_fit(jax_privacy):
     assert (jax_privacy.clipped_grad, noise_addition.gaussian_privatizer) == before
 
 
+def test_the_keras_path_takes_each_variants_step(jax_privacy):
+    """The Keras API runs the variant's step in ``fit``, not the library's: one full-batch step from zero
+    weights is w = -lr·(clipped sum + noise)/B with the same batch and noise key in every run, so against the
+    no-noise run each variant's noise is the correct run's times what its bug makes it (1/B for the mean's,
+    C for the clip norm's), and the unclipped sum moves the weights far more than the clipped one, by the
+    same noise. What the audits of the core variants catch, the Keras path would give the same way."""
+    from dpverify_jaxprivacy._keras import KerasCall, train_keras
+
+    request = small_request(num_records=8, hidden_width=0, sampling_rate=1.0, noise_multiplier=2.0,
+                            max_grad_norm=0.5, feature_scale=10.0)  # fmt: skip
+    runs = {kind: train_keras(request, kind, KerasCall()).params for kind in ("correct", *STEPS)}
+
+    def moved(kind, base="no_noise"):
+        return np.concatenate([(runs[kind][name] - runs[base][name]).ravel() for name in ("w", "b")])
+
+    noise = moved("correct")
+    assert np.linalg.norm(noise) > 0
+    tolerance = dict(rtol=1e-3, atol=1e-4 * np.abs(noise).max())
+    np.testing.assert_allclose(moved("noise_for_mean"), noise / 8, **tolerance)
+    np.testing.assert_allclose(moved("noise_for_clip_norm"), noise * 0.5, **tolerance)
+    clipped = np.concatenate([runs["no_noise"][name].ravel() for name in ("w", "b")])
+    assert np.linalg.norm(moved("no_clipping", base="correct")) > 5 * np.linalg.norm(clipped)
+
+
 def test_the_core_step_is_traced_once_for_runs_of_other_sizes_and_noise(jax_privacy):
     """Runs whose size, normaliser and σ differ but whose padded batch has the same shape share one traced
     step (a trace costs seconds, a step of this size milliseconds): the noise's stddev and the update's scale

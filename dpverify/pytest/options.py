@@ -166,7 +166,8 @@ SETTINGS: tuple[Setting, ...] = (
         _names,
         (),
         "comma-separated names or glob patterns of the registered implementations to audit (ready-made "
-        "audits and dp_implementation); a name that matches nothing is an error; none: no implementation",
+        "audits and dp_implementation), a pattern after ! leaving out what it matches ('*,!opacus-lm*'); a "
+        "pattern that matches nothing is an error; none: no implementation",
         "NAMES",
         shown_default="those your conftest or packages register, not dpverify's own",
     ),

@@ -15,7 +15,7 @@ import pytest
 from dpverify.pytest import options
 from dpverify.pytest.stash import PLANNED_KEY, READY_MADE_MODULE, RESULT_PROPERTY, SELECTION_KEY, SESSION_KEY, UNAVAILABLE_PROPERTY
 from dpverify.execution import ExecutorSpec
-from dpverify.session import AuditSession, outcome_as_expected
+from dpverify.session import EXCLUDE, AuditSession, outcome_as_expected
 
 #: The ``--dp-audit-compare`` baseline report (checked at start), and the comparison made at the end.
 BASELINE_KEY = pytest.StashKey["dict[str, Any] | None"]()
@@ -324,10 +324,15 @@ def _selected_implementations(audit_session: AuditSession) -> list[Any]:
         return [i for i in registered if not is_bundled(i.info.name)]
     if audit_session.implementations == ("none",):
         return []
+    if all(pattern.startswith(EXCLUDE) for pattern in audit_session.implementations):
+        raise pytest.UsageError(
+            f"--dp-audit-implementations: {', '.join(audit_session.implementations)} only leaves out; name what to "
+            f"audit first, e.g. '*,{audit_session.implementations[0]}'"
+        )
     unmatched = [
         pattern
         for pattern in audit_session.implementations
-        if not any(fnmatch.fnmatchcase(i.info.name, pattern) for i in registered)
+        if not any(fnmatch.fnmatchcase(i.info.name, pattern.removeprefix(EXCLUDE)) for i in registered)
     ]
     if unmatched:
         raise pytest.UsageError(

@@ -63,10 +63,11 @@ class KerasCall:
 
 @dataclass(frozen=True)
 class KerasRun:
-    """A trained run: its black box and the library's claim."""
+    """A trained run: its black box, the library's claim, and the trained weights by name."""
 
     predict_log_proba: Callable[[np.ndarray], np.ndarray]
     claim: PrivacyClaim
+    params: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -240,4 +241,5 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     claim = _accounting.claim(
         0.0 if non_private else sigma, claimed_batch / n, physical_steps, hp.delta, batch_size=claimed_batch, num_samples=n
     )
-    return KerasRun(predict_log_proba=black_box(dict(zip(names, weights))), claim=claim)
+    params = dict(zip(names, weights))
+    return KerasRun(predict_log_proba=black_box(params), claim=claim, params=params)

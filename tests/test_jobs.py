@@ -1,0 +1,57 @@
+"""``dpverify audit --jobs N``: the implementations dealt among N processes of one environment give the same
+audits, table, report and level as one process, and each environment given with ``--env`` deals its own."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dpverify.environments import deal
+from tests.test_environments import REPO, setup  # noqa: F401  (the fixture)
+
+#: What differs between two runs of the same audits: the clock, and which process ran each.
+UNSTABLE = {"seconds", "auditor_seconds", "environment"}
+
+
+def test_deal_gives_neighbours_to_different_hands_and_drops_empty_ones():
+    names = ["a", "a-variant", "b", "b-variant", "c"]
+    assert deal(names, 2) == [("a", "b", "c"), ("a-variant", "b-variant")]
+    assert deal(names, 1) == [tuple(names)]
+    assert deal(["a"], 3) == [("a",)]
+    assert deal([], 2) == []
+
+
+def _audit(report, *args):
+    run = subprocess.run(
+        [sys.executable, "-m", "dpverify", "audit", "--worlds", "none", "--seed", "7", "--m", "400", "--report",
+         str(report), *map(str, args)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return run, json.loads(report.read_text())
+
+
+def _stable(report):
+    return {e["nodeid"]: {k: v for k, v in e.items() if k not in UNSTABLE} for e in report["audits"]}
+
+
+def test_jobs_give_the_audits_of_one_process_and_each_environment_deals_its_own(setup, tmp_path):  # noqa: F811
+    registrations, environment = setup
+    names = ("home-oblivious", "family-oblivious", "family-memoriser", "--import", registrations, "--env", environment)
+    _, alone = _audit(tmp_path / "one.json", *names)
+    run, shared = _audit(tmp_path / "two.json", *names, "--jobs", "2")
+    assert _stable(shared) == _stable(alone)
+    assert shared["planned_audits"] == alone["planned_audits"] == 2 and shared["complete"]
+    # The family's environment dealt its two implementations to two processes of its own Python.
+    assert f"2 audit(s) of family-memoriser, family-oblivious run in {environment}" in run.stderr
+    assert "1 audit(s) of family-oblivious run in this environment" in run.stderr
+    assert all(name in run.stdout for name in ("home-oblivious", "family-oblivious", "family-memoriser"))
+
+
+def test_jobs_must_be_a_positive_integer(capsys):
+    from dpverify.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["audit", "reference-dpsgd", "--jobs", "0"])
+    assert "--jobs must be an integer >= 1, got 0" in capsys.readouterr().err
