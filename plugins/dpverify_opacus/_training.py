@@ -111,11 +111,13 @@ class FetchedBatch:
 class BatchFetchedTensors(TensorDataset):
     """In-memory tensors whose batch fetch indexes each tensor once with the batch's indices. torch's
     fetcher would otherwise take the rows one ``__getitem__`` at a time and ``default_collate`` would stack
-    them: 6.9 s of an opacus-ghost audit's 9.2 s of training on an H100."""
+    them: 6.9 s of an opacus-ghost audit's 9.2 s of training on an H100. ``index_select`` gathers the
+    same rows as ``tensor[index]`` at a third of its time on the CPU (1250 rows of 2500 floats: 1.0 ms
+    against 2.8 ms; the per-row fetch took 8 ms)."""
 
     def __getitems__(self, indices: list[int]) -> FetchedBatch:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return FetchedBatch(tuple(tensor[index] for tensor in self.tensors))
+        return FetchedBatch(tuple(tensor.index_select(0, index) for tensor in self.tensors))
 
 
 def collate_fetched(batch: FetchedBatch) -> list[torch.Tensor]:
