@@ -33,8 +33,10 @@ class UserDataLoader(Tweak):
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
 
-    def data_loader(self, dataset: TensorDataset, steps_per_epoch: int, generator: torch.Generator) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, generator=generator)
+    def data_loader(
+        self, tensors: tuple[torch.Tensor, ...], *, steps_per_epoch: int, generator: torch.Generator
+    ) -> DataLoader:
+        return DataLoader(TensorDataset(*tensors), batch_size=self.batch_size, generator=generator)
 
 
 def batch_size_for(request: TrainingRequest, batch_size: int | None) -> int:

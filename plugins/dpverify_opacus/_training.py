@@ -15,7 +15,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -80,11 +80,13 @@ class Tweak:
         """The step count the noise multiplier is calibrated for when a target ε is given."""
         return steps
 
-    def data_loader(self, dataset: TensorDataset, steps_per_epoch: int, generator: torch.Generator) -> DataLoader:
+    def data_loader(
+        self, tensors: tuple[torch.Tensor, ...], *, steps_per_epoch: int, generator: torch.Generator
+    ) -> DataLoader:
         """The loader handed to ``make_private``: an epoch of ``steps_per_epoch`` batches, so that Opacus'
         sample_rate = 1/len(data_loader) is the requested q."""
-        chunks = np.array_split(np.arange(len(dataset)), steps_per_epoch)
-        return DataLoader(dataset, batch_sampler=[c.tolist() for c in chunks], generator=generator)
+        chunks = np.array_split(np.arange(len(tensors[0])), steps_per_epoch)
+        return batch_fetching_loader(tensors, batch_sampler=[c.tolist() for c in chunks], generator=generator)
 
     def apply(self, run: OpacusRun) -> None:
         """Change what ``make_private`` returned (called once, before training)."""
@@ -93,6 +95,45 @@ class Tweak:
         """The loss whose ``backward()`` fills what the DP optimizer needs for a non-empty batch, or
         ``None`` when the batch holds no usable rows (the step then adds noise only)."""
         return run.criterion(run.module(features), targets)
+
+
+@dataclass(frozen=True)
+class FetchedBatch:
+    """A batch's tensors, fetched; its length is its row count, so that Opacus' empty-batch wrapper
+    (``CollateFnWithEmpty``) sees an empty Poisson batch as empty, as it sees an empty list of rows."""
+
+    tensors: tuple[torch.Tensor, ...]
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+
+class BatchFetchedTensors(TensorDataset):
+    """In-memory tensors whose batch fetch indexes each tensor once with the batch's indices. torch's
+    fetcher would otherwise take the rows one ``__getitem__`` at a time and ``default_collate`` would stack
+    them: 6.9 s of an opacus-ghost audit's 9.2 s of training on an H100. ``index_select`` gathers the
+    same rows as ``tensor[index]`` at a third of its time on the CPU (1250 rows of 2500 floats: 1.0 ms
+    against 2.8 ms; the per-row fetch took 8 ms)."""
+
+    def __getitems__(self, indices: list[int]) -> FetchedBatch:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return FetchedBatch(tuple(tensor.index_select(0, index) for tensor in self.tensors))
+
+
+def collate_fetched(batch: FetchedBatch) -> list[torch.Tensor]:
+    """The batch as ``default_collate`` makes it from rows of a ``TensorDataset``: a list of one tensor
+    per column (Opacus keeps a copy of this structure for its empty batches)."""
+    return list(batch.tensors)
+
+
+def batch_fetching_loader(
+    tensors: tuple[torch.Tensor, ...], *, batch_sampler: Iterable[list[int]], generator: torch.Generator
+) -> DataLoader:
+    """A loader over ``tensors`` whose batches ``batch_sampler`` draws (Opacus replaces it with its Poisson
+    sampler) and :class:`BatchFetchedTensors` fetches."""
+    return DataLoader(
+        BatchFetchedTensors(*tensors), batch_sampler=batch_sampler, collate_fn=collate_fetched, generator=generator
+    )
 
 
 def mix_into(obj: Any, mutation: Callable[[type], type], **attributes: Any) -> Any:
@@ -189,10 +230,9 @@ def build_run(
     device = resolve_device(request.device)
     seeds = seeds_for(request.seed)
     model = task.build_model(request, seeds.init, device)
-    dataset = TensorDataset(*task.tensors(request))
     sampling_generator = torch.Generator(device="cpu").manual_seed(seeds.sampling)
     noise_generator = torch.Generator(device=device).manual_seed(seeds.noise)
-    loader = tweak.data_loader(dataset, steps_per_epoch, sampling_generator)
+    loader = tweak.data_loader(task.tensors(request), steps_per_epoch=steps_per_epoch, generator=sampling_generator)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Secure RNG turned off")

@@ -16,10 +16,10 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from dpverify.torch import MultiTaskMLP
-from dpverify_opacus._training import OpacusRun, Tweak, mix_into
+from dpverify_opacus._training import OpacusRun, Tweak, batch_fetching_loader, mix_into
 
 # ---------------------------------------------------------------------------------------------------
 # Mutations of Opacus' classes. Each is a function ``base -> subclass of base`` (base: the class of the
@@ -316,9 +316,11 @@ class ShuffledBatches(Tweak):
 
     poisson_sampling = False
 
-    def data_loader(self, dataset: TensorDataset, steps_per_epoch: int, generator: torch.Generator) -> DataLoader:
-        sampler = _ShuffledBatches(len(dataset), steps_per_epoch, generator)
-        return DataLoader(dataset, batch_sampler=sampler, generator=generator)
+    def data_loader(
+        self, tensors: tuple[torch.Tensor, ...], *, steps_per_epoch: int, generator: torch.Generator
+    ) -> DataLoader:
+        sampler = _ShuffledBatches(len(tensors[0]), steps_per_epoch, generator)
+        return batch_fetching_loader(tensors, batch_sampler=sampler, generator=generator)
 
 
 class ReplaceOneClaim(Tweak):
