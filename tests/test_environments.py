@@ -167,8 +167,9 @@ def test_pytest_says_which_families_it_did_not_audit_and_where_they_run(pytester
     if workers:
         pytest.importorskip("xdist")
     pytester.makeconftest(CONFTEST)
+    # no Hypothesis tests here: without its plugin no process (xdist's controller and two workers) imports it
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--dp-audit", "--dp-audit-implementations=family-test-*", "-rs", *workers
+        "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--dp-audit", "--dp-audit-implementations=family-test-*", "-rs", *workers
     )
     result.assert_outcomes(skipped=8)  # each one-run audit and three two-world audits: 2 implementations
     hint = "run `.venvs/jax/bin/pytest --dp-audit` (made by `bash scripts/setup.sh`)"

@@ -313,8 +313,8 @@ def combined_curve_test(sizes, guesses, correct, *, claim: ClaimedRun, delta, co
     tails, everything = both[: r.shape[1]], both[r.shape[1] :]
 
     def largest_refuted_mu(upper: float) -> float:
-        def rejected(mu: np.ndarray) -> np.ndarray:  # (K, points) → the combined test at each μ
-            return _combined_tails(sizes[:, :, None], r[:, :, None], v[:, :, None], _gdp_inverse, mu[None]) <= level
+        def rejected(counts: np.ndarray, mu: np.ndarray) -> np.ndarray:  # the combined test of counts at each μ
+            return _combined_tails(sizes, r[:, counts], v[:, counts], _gdp_inverse, mu[None]) <= level
 
         return float(np.max(_largest_rejected(rejected, np.full(r.shape[1], upper), points=7, tolerance=_COMBINED_MU_TOLERANCE)))
 
@@ -480,10 +480,9 @@ def _tail_bounds(curve: TradeOffCurve, m, r, v) -> np.ndarray:
 
     Rejection is monotone in τ, so τ = 10^-x is searched as the largest x in [0, 30] rejected.
     """
-    m, r, v = (a[:, None] for a in (m, r, v))
 
-    def rejected(x: np.ndarray) -> np.ndarray:
-        return mmc.rejected(m, r, v, 10.0**-x, curve.inverse_complement).reshape(x.shape)
+    def rejected(rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return mmc.rejected(m[rows], r[rows], v[rows], 10.0**-x, curve.inverse_complement)
 
     x = _largest_rejected(rejected, np.full(m.shape[0], _TAIL_DECADES), points=255, tolerance=_TAIL_TOLERANCE)
     return 10.0**-x

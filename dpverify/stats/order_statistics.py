@@ -102,8 +102,8 @@ def product_channel_test(m, guesses, correct, *, mu, delta, confidence=0.95) -> 
     tails = _tails(m, r, v, np.array([[mu]]))[:, 0]
     refuted = bool(np.any(tails <= level))
 
-    def rejected(mus: np.ndarray) -> np.ndarray:
-        return _tails(m, r, v, mus) <= level
+    def rejected(rows: np.ndarray, mus: np.ndarray) -> np.ndarray:
+        return _tails(m[rows], r[rows], v[rows], mus[:, None])[:, 0] <= level
 
     upper = max(_MU_MAX, 2 * mu)
     weakest = float(np.max(_largest_rejected(rejected, np.full(m.shape[0], upper), 15, _MU_TOLERANCE)))
