@@ -364,7 +364,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         seed=args.seed,
         device=args.device,
         epsilon=overrides.get("epsilon", float("nan")),
-        implementations=("*", *args.names) if args.all and args.names else () if args.all else tuple(args.names),
+        implementations=("*", *args.names) if args.all else tuple(args.names),  # --all takes only exclusions
         report_path=args.report,
         plots_dir=args.plots,
         command=command,
