@@ -297,10 +297,10 @@ def _largest_rejected(
     """Per row, the largest x in [0, upper] with ``rejected`` true on all of [0, x], to ``tolerance``.
 
     ``rejected(rows, x)`` maps flat arrays of row indices and parameters to booleans, elementwise, and
-    should be true below a threshold and false above it. Each round evaluates the bracket's ends and ``points`` grid points inside it
-    and keeps the cell where the first non-rejected one lies, so the result is the *first* crossing
-    even if the test were not monotone, and it is returned from below: every grid point up to it was
-    rejected (0 when 0 itself is not). Few points suit tests that are cheap per point; many suit
+    should be true below a threshold and false above it. Each round evaluates the bracket's ends and
+    ``points`` grid points inside it and keeps the cell where the first non-rejected one lies, so the
+    result is the *first* crossing even if the test were not monotone, and it is returned from below:
+    every grid point up to it was rejected (0 when 0 itself is not). Few points suit tests that are cheap per point; many suit
     tests whose cost is in the rounds (the f-DP recursion costs as much for 10⁴ entries as for one).
     """
     upper = np.asarray(upper, dtype=float)

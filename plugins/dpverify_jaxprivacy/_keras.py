@@ -63,11 +63,15 @@ class KerasCall:
 
 @dataclass(frozen=True)
 class KerasRun:
-    """A trained run: its black box, the library's claim, and the trained weights by name."""
+    """A trained run: the trained weights by name and the library's claim."""
 
-    predict_log_proba: Callable[[np.ndarray], np.ndarray]
-    claim: PrivacyClaim
     params: dict[str, np.ndarray]
+    claim: PrivacyClaim
+
+    @property
+    def predict_log_proba(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The black box of the trained weights."""
+        return black_box(self.params)
 
 
 @dataclass(frozen=True)
@@ -241,5 +245,4 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     claim = _accounting.claim(
         0.0 if non_private else sigma, claimed_batch / n, physical_steps, hp.delta, batch_size=claimed_batch, num_samples=n
     )
-    params = dict(zip(names, weights))
-    return KerasRun(predict_log_proba=black_box(params), claim=claim, params=params)
+    return KerasRun(params=dict(zip(names, weights)), claim=claim)
