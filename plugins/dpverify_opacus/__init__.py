@@ -73,6 +73,10 @@ class OpacusImplementation(Implementation):
         self.tweak = tweak
         self.tweak_args = dict(tweak_args or {})
 
+    def unavailable_reason(self) -> str | None:
+        """Also ``n/a`` where the installed Opacus release has no ``grad_sample_mode`` path (1.4's ghost)."""
+        return super().unavailable_reason() or _missing_path(self.info.name, self.grad_sample_mode)
+
     def make_tweak(self):
         """The :class:`~dpverify_opacus._training.Tweak` object for this implementation (imports torch)."""
         from dpverify_opacus.variants import make_tweak
@@ -98,6 +102,9 @@ class OpacusDataLoaderImplementation(Implementation):
         self.info = info
         self.batch_size = batch_size
         self.grad_sample_mode = grad_sample_mode
+
+    def unavailable_reason(self) -> str | None:
+        return super().unavailable_reason() or _missing_path(self.info.name, self.grad_sample_mode)
 
     def train(self, request: TrainingRequest) -> TrainedModel:
         from dpverify_opacus._dataloader import train_opacus_dataloader
@@ -140,12 +147,19 @@ def language_implementations() -> list[OpacusLanguageImplementation]:
     """Opacus on the language-model contract in both ``grad_sample_mode``s, and its variants
     (:data:`LANGUAGE_VARIANTS`)."""
     return [
-        OpacusLanguageImplementation(
-            _info("opacus-lm", task="language", notes="PrivacyEngine.make_private on a causal transformer, ghost clipping")
+        _correct(
+            "opacus-lm",
+            "ghost",
+            "PrivacyEngine.make_private on a causal transformer, ghost clipping",
+            kind=OpacusLanguageImplementation,
+            task="language",
         ),
-        OpacusLanguageImplementation(
-            _info("opacus-lm-hooks", task="language", notes="PrivacyEngine.make_private on a causal transformer, hooks mode"),
-            grad_sample_mode="hooks",
+        _correct(
+            "opacus-lm-hooks",
+            "hooks",
+            "PrivacyEngine.make_private on a causal transformer, hooks mode",
+            kind=OpacusLanguageImplementation,
+            task="language",
         ),
         *(spec.build() for spec in LANGUAGE_VARIANTS),
     ]
@@ -156,8 +170,26 @@ def _info(name: str, **fields: Any) -> ImplementationInfo:
     return ImplementationInfo(name=name, library="opacus", requires=_REQUIRES, extra="opacus", **fields)
 
 
-def _correct(name: str, mode: str, notes: str) -> OpacusImplementation:
-    return OpacusImplementation(_info(name, notes=notes), grad_sample_mode=mode)
+def _missing_path(name: str, grad_sample_mode: str) -> str | None:
+    """``n/a: <why>`` when the installed release has no ``grad_sample_mode`` path, else ``None``."""
+    from dpverify_opacus._releases import installed_version, missing_path
+
+    version = installed_version()
+    reason = None if version is None else missing_path(version, grad_sample_mode)
+    return None if reason is None else f"n/a: {name} needs {reason}; installed Opacus {'.'.join(map(str, version))}"
+
+
+def _correct(
+    name: str, mode: str, notes: str, *, kind: type[OpacusImplementation] = OpacusImplementation, **fields: Any
+) -> OpacusImplementation:
+    """A correct path; in ghost mode, a known issue on the releases where one holds (:mod:`._releases`)."""
+    from dpverify_opacus._releases import ghost_finding, installed_version
+
+    finding = ghost_finding(installed_version()) if mode == "ghost" else None
+    if finding is not None:
+        fields.update(expected="known-issue", issue=finding.issue)
+        notes = f"{notes}; installed release: {finding.summary}"
+    return kind(_info(name, notes=notes, **fields), grad_sample_mode=mode)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.torch import as_tensors, black_boxes, build_mlp, fast_math, resolve_device, seeds_for, training_criterion
+from dpverify_opacus._releases import installed_version, make_private_call
 
 class _EmptyPoissonBatchNotice(logging.Filter):
     """Drops Opacus' warning that a Poisson batch came out empty: with the one or two records of a
@@ -234,25 +235,29 @@ def build_run(
     noise_generator = torch.Generator(device=device).manual_seed(seeds.noise)
     loader = tweak.data_loader(task.tensors(request), steps_per_epoch=steps_per_epoch, generator=sampling_generator)
 
+    call = make_private_call(installed_version(), grad_sample_mode)  # as the installed release documents it
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         engine = PrivacyEngine(accountant="rdp")
         made = engine.make_private(
             module=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=hp.learning_rate),
-            criterion=task.criterion(request),
+            **({"criterion": task.criterion(request)} if call.criterion else {}),
             data_loader=loader,
             noise_multiplier=sigma,
             max_grad_norm=hp.max_grad_norm,
             poisson_sampling=tweak.poisson_sampling,
             noise_generator=noise_generator,
             grad_sample_mode=grad_sample_mode,
+            clipping=call.clipping,
         )
-    if grad_sample_mode == "ghost":
+    if grad_sample_mode == "ghost" and call.criterion:
         module, optimizer, criterion, dp_loader = made
     else:
         module, optimizer, dp_loader = made
         criterion = task.criterion(request)
+        if call.double_backward:
+            criterion = DoubleBackwardLoss(module, optimizer, criterion)
     if hp.expected_batch_size is not None and tweak.designated_normaliser:
         optimizer.expected_batch_size = hp.expected_batch_size
     run = OpacusRun(
@@ -270,6 +275,40 @@ def build_run(
     )
     tweak.apply(run)
     return run
+
+
+class DoubleBackwardLoss:
+    """Ghost clipping's loss in Opacus 1.5.0–1.5.2, whose ``make_private`` does not take the criterion: the
+    criterion per sample, and a ``backward()`` that runs the two passes those releases leave to the caller
+    (1.5.2's ``opacus.utils.fast_gradient_clipping_utils.double_backward``, the same steps written out in
+    1.5.0's tests): the mean loss's backward fills the per-sample norms, the module's clipping coefficients
+    rescale each sample's loss, and a second backward with the hooks off leaves the clipped sum in ``.grad``.
+    ``shape`` (the logits' (B, T, V)) makes a sequence's tokens one sample, as 1.5.3's DP loss does."""
+
+    def __init__(self, module: nn.Module, optimizer: Any, criterion: nn.Module):
+        self.module, self.optimizer, self.criterion = module, optimizer, criterion
+        criterion.reduction = "none"
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor, shape: tuple[int, ...] | None = None):
+        per_sample = self.criterion(logits, targets)
+        if shape is not None and per_sample.shape[0] == shape[0] * shape[1]:
+            per_sample = per_sample.view(shape[0], shape[1]).mean(dim=1)
+        return _DoubleBackward(self, per_sample)
+
+
+@dataclass(frozen=True)
+class _DoubleBackward:
+    loss: DoubleBackwardLoss
+    per_sample: torch.Tensor
+
+    def backward(self) -> None:
+        module, optimizer = self.loss.module, self.loss.optimizer
+        torch.mean(self.per_sample).backward(retain_graph=True)
+        optimizer.zero_grad()
+        coefficients = module.get_coeff().to(self.per_sample.device)  # get_clipping_coef from 1.5.3 on
+        module.disable_hooks()
+        torch.sum(coefficients * self.per_sample).backward()
+        module.enable_hooks()
 
 
 def backward_batch(run: OpacusRun, features: torch.Tensor, targets: torch.Tensor) -> None:

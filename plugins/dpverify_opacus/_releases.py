@@ -1,0 +1,125 @@
+"""How each Opacus release from 1.4.0 to 1.6.0 is called: its ``make_private`` for a ``grad_sample_mode``,
+the paths it does not have, and the findings that hold for it. Imports neither torch nor opacus, so the
+registry and the tests can ask it about any release.
+
+The releases differ where the plugin calls them (read in each release's ``privacy_engine.py``):
+
+- 1.4.0, 1.4.1: no ghost clipping (``grad_sample_mode="ghost"`` first shipped in 1.5.0, Opacus PR #656);
+  ``make_private`` takes no criterion.
+- 1.5.0–1.5.2: ghost clipping through ``make_private(grad_sample_mode="ghost", clipping="ghost")`` as PR #656
+  documents it; ``make_private`` takes no criterion (1.5.2 forwards an unknown ``criterion=`` to the
+  optimizer, whose ``__init__`` rejects it), returns (module, optimizer, loader), and the caller runs
+  ghost clipping's two backward passes (1.5.2 packages them as ``double_backward``). Its ``make_private``
+  does not hand ``max_grad_norm`` to the ghost module, which then clips at its default 1 while the noise
+  is σ·C (Opacus PR #664, fixed in 1.5.3): a finding, :data:`GHOST_MAX_GRAD_NORM`.
+- 1.5.3 and later: ``make_private(criterion=...)``; in ghost mode it returns the DP loss as a fourth value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "GHOST_MAX_GRAD_NORM",
+    "Finding",
+    "MakePrivateCall",
+    "ghost_finding",
+    "installed_version",
+    "make_private_call",
+    "missing_path",
+    "parse_version",
+]
+
+#: The first release with ghost clipping, and the first whose ``make_private`` takes the criterion.
+GHOST_FIRST = (1, 5)
+CRITERION_FIRST = (1, 5, 3)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A leak in unmodified releases ``[first, fixed)``: the upstream report or fix, and what it is."""
+
+    issue: str
+    first: tuple[int, ...]
+    fixed: tuple[int, ...]
+    summary: str
+
+    def applies(self, version: tuple[int, ...]) -> bool:
+        return self.first <= version < self.fixed
+
+
+#: Opacus 1.5.0–1.5.2: make_private's ghost module clips at its default max_grad_norm 1, not at C.
+GHOST_MAX_GRAD_NORM = Finding(
+    issue="https://github.com/pytorch/opacus/pull/664",
+    first=GHOST_FIRST,
+    fixed=CRITERION_FIRST,
+    summary="make_private(grad_sample_mode='ghost') does not pass max_grad_norm to "
+    "GradSampleModuleFastGradientClipping, which clips each row at its default 1 while the optimizer's noise is "
+    "σ·C: at C < 1 a record moves the sum by up to 1, more than the C the noise is drawn for (Opacus PR #664 "
+    "'privacy engine erroneously wasn't using the max_grad_norm argument', fixed in 1.5.3)",
+)
+
+
+@dataclass(frozen=True)
+class MakePrivateCall:
+    """``make_private`` as a release's documentation calls it in one ``grad_sample_mode``.
+
+    ``criterion``: it takes the training criterion (and in ghost mode returns the DP loss as a fourth
+    value). ``clipping``: its ``clipping`` argument. ``double_backward``: the caller runs ghost clipping's
+    two backward passes on the per-sample loss (the releases before ``make_private`` took the criterion).
+    """
+
+    criterion: bool
+    clipping: str
+    double_backward: bool
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"1.5.2"`` → ``(1, 5, 2)``, trailing zeros dropped (``"1.5.0"`` and ``"1.5"`` are one release); a
+    local or pre-release suffix is ignored."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)*)", text or "")
+    if match is None:
+        raise ValueError(f"not a release number: {text!r}")
+    parts = [int(part) for part in match.group(1).split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def installed_version() -> tuple[int, ...] | None:
+    """The installed Opacus release, or ``None`` when Opacus is not installed."""
+    from importlib import metadata
+
+    try:
+        return parse_version(metadata.version("opacus"))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def missing_path(version: tuple[int, ...], grad_sample_mode: str) -> str | None:
+    """Why release ``version`` has no ``grad_sample_mode`` path, or ``None`` when it has one."""
+    if grad_sample_mode == "ghost" and version < GHOST_FIRST:
+        return "ghost clipping (grad_sample_mode='ghost') first shipped in Opacus 1.5.0 (PR #656)"
+    return None
+
+
+def make_private_call(version: tuple[int, ...], grad_sample_mode: str) -> MakePrivateCall:
+    """How release ``version`` is called in ``grad_sample_mode``; a ValueError for a path it lacks."""
+    reason = missing_path(version, grad_sample_mode)
+    if reason is not None:
+        raise ValueError(f"Opacus {'.'.join(map(str, version))} has no {grad_sample_mode!r} path: {reason}")
+    ghost = grad_sample_mode == "ghost"
+    takes_criterion = version >= CRITERION_FIRST
+    return MakePrivateCall(
+        criterion=takes_criterion,
+        clipping="ghost" if ghost and not takes_criterion else "flat",
+        double_backward=ghost and not takes_criterion,
+    )
+
+
+def ghost_finding(version: tuple[int, ...] | None) -> Finding | None:
+    """The finding that holds for release ``version``'s ghost clipping, if any."""
+    if version is not None and GHOST_MAX_GRAD_NORM.applies(version):
+        return GHOST_MAX_GRAD_NORM
+    return None

@@ -1,0 +1,118 @@
+"""The supported releases: the spec scripts/release.sh takes, the environments nox makes for them, the declared
+ranges, and which ``make_private`` call each Opacus release gets, all without installing another release."""
+
+import inspect
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from dpverify.releases import LIBRARIES, parse_release, releases
+from dpverify_opacus._releases import (
+    GHOST_MAX_GRAD_NORM,
+    ghost_finding,
+    installed_version,
+    make_private_call,
+    missing_path,
+    parse_version,
+)
+from tests.test_plugin import REPO
+
+OPACUS = [release.version for release in releases() if release.library.package == "opacus"]
+
+
+@pytest.mark.parametrize(
+    "spec, package, version",
+    [("opacus==1.5.2", "opacus", "1.5.2"), ("opacus==1.5.0", "opacus", "1.5"), ("Opacus==1.4", "opacus", "1.4.0"),
+     ("tensorflow_privacy==0.9.0", "tensorflow-privacy", "0.9.0"), ("jax-privacy==2.0.0", "jax-privacy", "2.0.0")],
+)  # fmt: skip
+def test_a_spec_names_a_supported_release_as_the_index_spells_it(spec, package, version):
+    release = parse_release(spec)
+    assert (release.library.package, release.version) == (package, version)
+    assert release.session == f"release({package}=={version})"
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [("opacus=1.5.2", "PACKAGE==VERSION"), ("opacus", "PACKAGE==VERSION"), ("opacus>=1.5", "PACKAGE==VERSION"),
+     ("opacus==1.3.0", "supported: 1.4.0, 1.4.1, 1.5,"), ("opacus==1.7.0", "not a supported release"),
+     ("tensorflow==2.15.1", "known: opacus, tensorflow-privacy, jax-privacy")],
+)  # fmt: skip
+def test_a_bad_spec_says_what_is_supported(spec, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_release(spec)
+
+
+def test_each_release_gets_its_own_environment_and_report():
+    release = parse_release("opacus==1.5.2")
+    assert release.envdir == ".venvs/release-opacus-1-5-2"  # nox's normalisation of "release(opacus==1.5.2)"
+    assert release.report == "release-opacus-1.5.2.json"
+    assert len({r.envdir for r in releases()}) == len(releases())
+
+
+def test_the_release_replaces_its_pin_in_the_family_constraints():
+    release = parse_release("jax-privacy==1.0.0")
+    kept = release.constraints("jax==0.10.2\njaxlib==0.10.2\njax-privacy==2.0.0\nkeras==3.15.1\n# a comment\n")
+    assert kept == "keras==3.15.1\n# a comment\n"
+    pins = (REPO / "constraints.txt").read_text()
+    assert "opacus==" in pins and "opacus==" not in parse_release("opacus==1.4.0").constraints(pins)
+    assert "torch==2.13.0" in parse_release("opacus==1.4.0").constraints(pins)
+
+
+def test_the_declared_ranges_are_the_tested_ranges():
+    """pyproject's extras bound each library by its first and last supported release."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    declared = {requirement.split(">=")[0]: requirement for extra in extras.values() for requirement in extra}
+    for library in LIBRARIES:
+        assert declared[library.package] == f"{library.package}>={library.versions[0]},<={library.versions[-1]}"
+
+
+@pytest.mark.parametrize(
+    "version, mode, criterion, clipping, double_backward",
+    [("1.4.0", "hooks", False, "flat", False), ("1.4.1", "hooks", False, "flat", False),
+     ("1.5", "ghost", False, "ghost", True), ("1.5.2", "ghost", False, "ghost", True),
+     ("1.5.2", "hooks", False, "flat", False), ("1.5.3", "ghost", True, "flat", False),
+     ("1.5.4", "hooks", True, "flat", False), ("1.6.0", "ghost", True, "flat", False)],
+)  # fmt: skip
+def test_each_release_gets_the_make_private_call_its_documentation_shows(version, mode, criterion, clipping, double_backward):
+    call = make_private_call(parse_version(version), mode)
+    assert (call.criterion, call.clipping, call.double_backward) == (criterion, clipping, double_backward)
+
+
+def test_a_path_a_release_lacks_is_named_with_the_reason_never_called():
+    assert "first shipped in Opacus 1.5.0" in missing_path(parse_version("1.4.1"), "ghost")
+    assert missing_path(parse_version("1.4.1"), "hooks") is None
+    with pytest.raises(ValueError, match="1.4 has no 'ghost' path"):
+        make_private_call(parse_version("1.4.0"), "ghost")
+
+
+def test_the_ghost_clipping_norm_finding_holds_from_1_5_0_until_its_fix_in_1_5_3():
+    holds = [v for v in OPACUS if ghost_finding(parse_version(v)) is GHOST_MAX_GRAD_NORM]
+    assert holds == ["1.5", "1.5.1", "1.5.2"]
+    assert ghost_finding(None) is None
+    assert parse_version("1.5.0") == parse_version("1.5") < parse_version("1.5.3") < parse_version("1.10")
+
+
+def test_the_installed_release_takes_the_arguments_its_call_passes():
+    """Against the installed Opacus itself: make_private has a criterion parameter exactly when the dispatch
+    passes one."""
+    from opacus import PrivacyEngine
+
+    parameters = inspect.signature(PrivacyEngine.make_private).parameters
+    assert make_private_call(installed_version(), "hooks").criterion == ("criterion" in parameters)
+    assert "clipping" in parameters
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [([], "usage: bash scripts/release.sh PACKAGE==VERSION"), (["opacus=1.5.2"], "a release is PACKAGE==VERSION"),
+     (["opacus==1.3.0"], "opacus==1.3.0 is not a supported release; supported: 1.4.0"),
+     (["opacus==1.5.2", "--report"], "--report needs a path"), (["opacus==1.5.2", "--jobs", "2"], "unknown argument --jobs")],
+)  # fmt: skip
+def test_release_script_refuses_bad_arguments_before_making_anything(args, message):
+    done = subprocess.run(["bash", str(REPO / "scripts/release.sh"), *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})  # fmt: skip
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "nox" not in done.stderr
