@@ -17,22 +17,22 @@ __all__ = ["LIBRARIES", "Library", "Release", "parse_release", "releases"]
 @dataclass(frozen=True)
 class Library:
     """A DP library: its package on the index, the family environment it joins (noxfile.py), the
-    constraints file that pins its other packages, its implementations' name pattern and its releases.
-    ``unpinned`` names packages of the constraints file each release brings its own pins for (they are
-    dropped from the constraints with the library itself)."""
+    constraints file that pins its other packages, its implementations' name pattern and its releases."""
 
     package: str
     family: str
     constraints: str
     implementations: str
     versions: tuple[str, ...]
-    unpinned: tuple[str, ...] = ()
 
 
 #: Every release in the declared ranges. Opacus: all releases 1.4.0–1.6.0 (1.5 is the index's name of 1.5.0).
-#: TF-Privacy: 0.8.12 and 0.9.0; 0.8.11 needs tf-models-official and 0.8.10 and earlier pin
-#: tensorflow-probability ~= 0.20.0 (built for TF 2.12), so they do not install beside TF 2.15.
-#: JAX-Privacy: 1.0.0 (pins jax 0.6.2) and 2.0.0.
+#: TF-Privacy: 0.8.12 (which also needs tf-models-official ~= 2.13: its 2.15.0 is the one beside TF 2.15) and
+#: 0.9.0; 0.8.11 and earlier pin tensorflow-probability ~= 0.20.0 (built for TF 2.12), which the family's
+#: 0.22.1 excludes.
+#: JAX-Privacy: 2.0.0 only. 1.0.0 has none of the API the plugin calls (``jax_privacy.clipping``,
+#: ``noise_addition``, ``batch_selection``, ``keras_api`` are 2.0's; 1.0 has ``dp_sgd``, ``training``,
+#: ``keras``): its paths are not written yet.
 LIBRARIES: tuple[Library, ...] = (
     Library(
         package="opacus",
@@ -53,8 +53,7 @@ LIBRARIES: tuple[Library, ...] = (
         family="jax",
         constraints="constraints-jax.txt",
         implementations="jax-privacy-*",
-        versions=("1.0.0", "2.0.0"),
-        unpinned=("jax", "jaxlib", "optax"),
+        versions=("2.0.0",),
     ),
 )
 
@@ -89,10 +88,9 @@ class Release:
         return f"release-{self.library.package}-{self.version}.json"
 
     def constraints(self, text: str) -> str:
-        """``text`` (the family's constraints file) without the lines that pin this library or the packages
-        its releases pin themselves, so that this release can be installed in their place."""
-        dropped = {self.library.package, *self.library.unpinned}
-        kept = [line for line in text.splitlines() if _pinned_name(line) not in dropped]
+        """``text`` (the family's constraints file) without the line that pins this library, so that this
+        release can be installed in its place."""
+        kept = [line for line in text.splitlines() if _pinned_name(line) != self.library.package]
         return "\n".join(kept) + "\n"
 
 
@@ -129,20 +127,68 @@ def parse_release(spec: str) -> Release:
     raise ValueError(f"{match.group('package')!r} is not a library dpverify gates releases of; known: {known}")
 
 
+#: How an implementation says the installed release has no such path (its ``unavailable_reason``).
+NOT_APPLICABLE = "n/a: "
+
+
+def gate(release: Release, argv: list[str]) -> int:
+    """The release gate, run inside the release's environment: ``dpverify audit`` of the library's
+    implementations at the quick profile (``argv`` added, ``--report`` defaulting to :attr:`Release.report`),
+    then each implementation whose path the installed release lacks as an ``n/a`` line with its reason, also
+    written to the report (``not_applicable``, with ``release``, the installed version and each known
+    issue's address, ``issues``). Exit status:
+    the audit's (non-zero when a correct path is refuted without a recorded finding or an audit errors),
+    or 1 when an implementation cannot run for another reason (the library missing from the environment)."""
+    import fnmatch
+    import json
+    from importlib import metadata
+
+    from dpverify.cli import main as audit_main
+    from dpverify.registry import registered_implementations
+
+    pattern = release.library.implementations
+    report = argv[argv.index("--report") + 1] if "--report" in argv else release.report
+    status = audit_main(["audit", pattern, "--profile", "quick", *argv, *([] if "--report" in argv else ["--report", report])])
+    chosen = [impl for impl in registered_implementations() if fnmatch.fnmatchcase(impl.info.name, pattern)]
+    skipped = [(impl.info.name, reason) for impl in chosen if (reason := impl.unavailable_reason())]
+    for name, reason in skipped:
+        print(f"{name}: {reason}")
+    broken = [name for name, reason in skipped if not reason.startswith(NOT_APPLICABLE)]
+    with open(report, encoding="utf-8") as stream:
+        data = json.load(stream)
+    data["release"] = {"spec": release.spec, "installed": metadata.version(release.library.package)}
+    data["issues"] = {impl.info.name: impl.info.issue for impl in chosen if impl.info.issue}
+    data["not_applicable"] = [
+        {"implementation": name, "reason": reason.removeprefix(NOT_APPLICABLE)} for name, reason in skipped if name not in broken
+    ]
+    with open(report, "w", encoding="utf-8") as stream:
+        json.dump(data, stream, indent=2, allow_nan=False)
+        stream.write("\n")
+    if broken:
+        print(f"{len(broken)} implementation(s) of {release.spec} could not run: {', '.join(broken)}")
+    return 1 if broken else status
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m dpverify.releases SPEC``: print the release's nox session, environment, implementation
-    pattern and default report, one a line (for scripts/release.sh), or the error and exit 2."""
+    pattern and default report, one a line (for scripts/release.sh), or the error and exit 2.
+    ``python -m dpverify.releases gate SPEC [dpverify audit arguments]``: :func:`gate`."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m dpverify.releases PACKAGE==VERSION", file=sys.stderr)
+    run_gate = bool(args) and args[0] == "gate"
+    if run_gate:
+        args = args[1:]
+    if not args or (len(args) != 1 and not run_gate):
+        print("usage: python -m dpverify.releases [gate] PACKAGE==VERSION", file=sys.stderr)
         return 2
     try:
         release = parse_release(args[0])
     except ValueError as error:
         print(f"dpverify.releases: {error}", file=sys.stderr)
         return 2
+    if run_gate:
+        return gate(release, args[1:])
     print(release.session, release.envdir, release.library.implementations, release.report, sep="\n")
     return 0
 

@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 # The release's nox session, or a clear error (malformed spec, another package, a release out of range).
-session=$(PYTHONPATH=. "$PYTHON" -m dpverify.releases "$spec" | head -n 1)
+info=$(PYTHONPATH=. "$PYTHON" -m dpverify.releases "$spec")
+session=${info%%$'\n'*}
 NOX_VERSION=2026.10.20
 if [ ! -x .venvs/nox/bin/nox ] || [ "$(.venvs/nox/bin/nox --version 2>&1)" != "$NOX_VERSION" ]; then
   "$PYTHON" -m venv .venvs/nox

@@ -119,14 +119,18 @@ def dataloader_implementation(
 ) -> OpacusDataLoaderImplementation:
     """``opacus-dataloader`` (``batch_size=None``, registered) or, for a user's constant B, the same
     library path named ``opacus-dataloader-b<B>`` (not registered)."""
+    from dpverify_opacus._releases import ghost_finding, installed_version
+
     suffix = "" if batch_size is None else f"-b{batch_size}"
+    finding = ghost_finding(installed_version()) if grad_sample_mode == "ghost" else None
     info = _info(
         f"opacus-dataloader{suffix}",
         expected="known-issue",
         issue=OPACUS_571,
         notes="PrivacyEngine.make_private on DataLoader(dataset, batch_size=B) as in Opacus' tutorials: q = "
         "1/len(loader), expected_batch_size = int(N·q) (Opacus #571: both read the private dataset size); "
-        "a two-world audit of 2 vs 3 records refutes Opacus' claim (benchmarks/results/two-world-finding.md)",
+        "a two-world audit of 2 vs 3 records refutes Opacus' claim (benchmarks/results/two-world-finding.md)"
+        + ("" if finding is None else f"; installed release, also: {finding.summary} ({finding.issue})"),
     )
     return OpacusDataLoaderImplementation(info, batch_size=batch_size, grad_sample_mode=grad_sample_mode)
 

@@ -1,0 +1,72 @@
+"""The release matrix's tables from release gates' reports (``bash scripts/release.sh PACKAGE==VERSION`` or
+``nox -s release``): one table per library, a row per audit, a column per release, each cell the verdict
+with ε_L (the larger of the (ε, δ) and the curve test's bound), k* and the known issue's link; ``n/a`` with
+the reason where the release lacks the path.
+
+    python benchmarks/release_matrix.py release-opacus-*.json >> benchmarks/results/release-matrix.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+from dpverify.releases import parse_release
+from dpverify.session import outcome_mark
+
+
+def cell(audit: dict, issues: dict[str, str]) -> str:
+    """``verdict mark ε_L=… k*=…`` and, for a known issue, its link."""
+    if audit["verdict"] == "error":
+        return f"error ! ({audit['error']})"
+    bounds = [audit.get(name) for name in ("epsilon_lower_bound", "curve_epsilon_lower_bound")]
+    bound = max((b for b in bounds if b is not None), default=None)
+    power = audit.get("power") or {}
+    deficit = power.get("smallest_deficit")
+    k_star = "n/a" if not power else "none" if deficit is None else f"{deficit:.1f}"
+    text = f"{audit['verdict']} {outcome_mark(audit)}".rstrip()
+    text += f" ε_L={'-' if bound is None else f'{bound:.2f}'} k*={k_star}"
+    issue = issues.get(audit["implementation"])
+    if audit["expected"] == "known-issue" and issue:
+        text += f" [#{issue.rsplit('/', 1)[-1]}]({issue})"
+    return text
+
+
+def tables(reports: list[dict]) -> str:
+    """Markdown: for each library, rows of audits, columns of releases in release order."""
+    by_library: dict[str, list[dict]] = defaultdict(list)
+    for report in reports:
+        by_library[parse_release(report["release"]["spec"]).library.package].append(report)
+    out = []
+    for package, group in by_library.items():
+        releases = [parse_release(r["release"]["spec"]) for r in group]
+        order = sorted(range(len(group)), key=lambda i: releases[i].library.versions.index(releases[i].version))
+        group = [group[i] for i in order]
+        versions = [releases[i].version for i in order]
+        rows: dict[str, dict[str, str]] = defaultdict(dict)
+        for version, report in zip(versions, group):
+            for audit in report["audits"]:
+                rows[audit["nodeid"].removeprefix("dpverify audit ")][version] = cell(audit, report.get("issues", {}))
+            for skipped in report.get("not_applicable", []):
+                rows[skipped["implementation"]][version] = f"n/a: {skipped['reason']}"
+        out.append(f"### {package}\n")
+        out.append("| audit | " + " | ".join(versions) + " |")
+        out.append("|---" * (len(versions) + 1) + "|")
+        for name in sorted(rows):
+            out.append(f"| {name} | " + " | ".join(rows[name].get(v, "not run") for v in versions) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(paths: list[str]) -> int:
+    reports = []
+    for path in paths:
+        with open(path, encoding="utf-8") as stream:
+            reports.append(json.load(stream))
+    print(tables(reports))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
