@@ -134,21 +134,31 @@ NOT_APPLICABLE = "n/a: "
 def gate(release: Release, argv: list[str]) -> int:
     """The release gate, run inside the release's environment: ``dpverify audit`` of the library's
     implementations at the quick profile (``argv`` added, ``--report`` defaulting to :attr:`Release.report`),
-    then each implementation whose path the installed release lacks as an ``n/a`` line with its reason, also
-    written to the report (``not_applicable``, with ``release``, the installed version and each known
-    issue's address, ``issues``). Exit status:
-    the audit's (non-zero when a correct path is refuted without a recorded finding or an audit errors),
-    or 1 when an implementation cannot run for another reason (the library missing from the environment)."""
+    then :func:`record_release`. Exit status: the audit's (non-zero when a correct path is refuted without a
+    recorded finding or an audit errors), or 1 when an implementation cannot run for a reason other than a
+    path the release lacks (the library missing from the environment)."""
+    from dpverify.cli import main as audit_main
+
+    report = argv[argv.index("--report") + 1] if "--report" in argv else release.report
+    status = audit_main(["audit", release.library.implementations, "--profile", "quick", *argv, *([] if "--report" in argv else ["--report", report])])
+    broken = record_release(release, report)
+    if broken:
+        print(f"{len(broken)} implementation(s) of {release.spec} could not run: {', '.join(broken)}")
+    return 1 if broken else status
+
+
+def record_release(release: Release, report: str) -> list[str]:
+    """Print each implementation whose path the installed release lacks as an ``n/a`` line with its reason,
+    and add to ``report`` the release and installed version (``release``), those paths
+    (``not_applicable``) and each known issue's address (``issues``). Returns the implementations that
+    cannot run here for another reason."""
     import fnmatch
     import json
     from importlib import metadata
 
-    from dpverify.cli import main as audit_main
     from dpverify.registry import registered_implementations
 
     pattern = release.library.implementations
-    report = argv[argv.index("--report") + 1] if "--report" in argv else release.report
-    status = audit_main(["audit", pattern, "--profile", "quick", *argv, *([] if "--report" in argv else ["--report", report])])
     chosen = [impl for impl in registered_implementations() if fnmatch.fnmatchcase(impl.info.name, pattern)]
     skipped = [(impl.info.name, reason) for impl in chosen if (reason := impl.unavailable_reason())]
     for name, reason in skipped:
@@ -164,9 +174,7 @@ def gate(release: Release, argv: list[str]) -> int:
     with open(report, "w", encoding="utf-8") as stream:
         json.dump(data, stream, indent=2, allow_nan=False)
         stream.write("\n")
-    if broken:
-        print(f"{len(broken)} implementation(s) of {release.spec} could not run: {', '.join(broken)}")
-    return 1 if broken else status
+    return broken
 
 
 def main(argv: list[str] | None = None) -> int:
