@@ -118,3 +118,23 @@ def test_release_script_refuses_bad_arguments_before_making_anything(args, messa
     assert done.returncode == 2
     assert message in done.stderr
     assert "nox" not in done.stderr
+
+
+def test_a_gates_report_records_the_release_its_known_issues_and_the_paths_it_lacks(tmp_path):
+    """Against the installed Opacus: every registered Opacus path runs here (none n/a), and the report
+    names the installed release and the known issue's link."""
+    import json
+
+    from dpverify.releases import record_release
+
+    from importlib import metadata
+
+    installed = metadata.version("opacus")
+    release = next(r for r in releases() if r.library.package == "opacus" and parse_version(r.version) == installed_version())
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"audits": []}))
+    assert record_release(release, str(report)) == []
+    data = json.loads(report.read_text())
+    assert data["release"] == {"spec": release.spec, "installed": installed}
+    assert data["issues"]["opacus-dataloader"] == "https://github.com/pytorch/opacus/issues/571"
+    assert data["not_applicable"] == []
