@@ -1,7 +1,7 @@
 """The release matrix's tables from release gates' reports (``bash scripts/release.sh PACKAGE==VERSION`` or
 ``nox -s release``): one table per library, a row per audit, a column per release, each cell the verdict
-with ε_L (the larger of the (ε, δ) and the curve test's bound), k* and the known issue's link; ``n/a`` with
-the reason where the release lacks the path.
+with ε_L (the larger of the (ε, δ) and the curve test's bound) over the claimed ε, k* and the known issue's
+link; ``n/a`` with the reason where the release lacks the path.
 
     python benchmarks/release_matrix.py release-opacus-*.json >> benchmarks/results/release-matrix.md
 """
@@ -26,7 +26,8 @@ def cell(audit: dict, issues: dict[str, str]) -> str:
     deficit = power.get("smallest_deficit")
     k_star = "n/a" if not power else "none" if deficit is None else f"{deficit:.1f}"
     text = f"{audit['verdict']} {outcome_mark(audit)}".rstrip()
-    text += f" ε_L={'-' if bound is None else f'{bound:.2f}'} k*={k_star}"
+    claimed = "∞" if "claimed_epsilon" in audit.get("infinite", ()) else f"{audit['claimed_epsilon']:.2f}"
+    text += f" ε_L={'-' if bound is None else f'{bound:.2f}'}/{claimed} k*={k_star}"
     issue = issues.get(audit["implementation"])
     if audit["expected"] == "known-issue" and issue:
         text += f" [#{issue.rsplit('/', 1)[-1]}]({issue})"

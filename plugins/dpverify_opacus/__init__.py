@@ -176,11 +176,13 @@ def _info(name: str, **fields: Any) -> ImplementationInfo:
 
 def _missing_path(name: str, grad_sample_mode: str) -> str | None:
     """``n/a: <why>`` when the installed release has no ``grad_sample_mode`` path, else ``None``."""
+    from importlib import metadata
+
     from dpverify_opacus._releases import installed_version, missing_path
 
     version = installed_version()
     reason = None if version is None else missing_path(version, grad_sample_mode)
-    return None if reason is None else f"n/a: {name} needs {reason}; installed Opacus {'.'.join(map(str, version))}"
+    return None if reason is None else f"n/a: {name} needs {reason}; installed: Opacus {metadata.version('opacus')}"
 
 
 def _correct(
