@@ -35,7 +35,8 @@ def cell(audit: dict, issues: dict[str, str]) -> str:
 
 
 def tables(reports: list[dict]) -> str:
-    """Markdown: for each library, rows of audits, columns of releases in release order."""
+    """Markdown: for each library, rows of audits, columns of releases in release order; an implementation a
+    release lacks is ``n/a [k]`` on each of its rows, its reason k listed once under the table."""
     by_library: dict[str, list[dict]] = defaultdict(list)
     for report in reports:
         by_library[parse_release(report["release"]["spec"]).library.package].append(report)
@@ -46,16 +47,29 @@ def tables(reports: list[dict]) -> str:
         group = [group[i] for i in order]
         versions = [releases[i].version for i in order]
         rows: dict[str, dict[str, str]] = defaultdict(dict)
+        implementation_of: dict[str, str] = {}
         for version, report in zip(versions, group):
             for audit in report["audits"]:
-                rows[audit["nodeid"].removeprefix("dpverify audit ")][version] = cell(audit, report.get("issues", {}))
+                row = audit["nodeid"].removeprefix("dpverify audit ")
+                implementation_of[row] = audit["implementation"]
+                rows[row][version] = cell(audit, report.get("issues", {}))
+        reasons: list[str] = []
+        for version, report in zip(versions, group):
             for skipped in report.get("not_applicable", []):
-                rows[skipped["implementation"]][version] = f"n/a: {skipped['reason']}"
+                name = skipped["implementation"]
+                reason = skipped["reason"].removeprefix(f"{name} ")
+                if reason not in reasons:
+                    reasons.append(reason)
+                implementation_of.setdefault(name, name)
+                for row in [row for row, owner in implementation_of.items() if owner == name]:
+                    rows[row].setdefault(version, f"n/a [{reasons.index(reason) + 1}]")
         out.append(f"### {package}\n")
         out.append("| audit | " + " | ".join(versions) + " |")
         out.append("|---" * (len(versions) + 1) + "|")
         for name in sorted(rows):
             out.append(f"| {name} | " + " | ".join(rows[name].get(v, "not run") for v in versions) + " |")
+        out.append("")
+        out.extend(f"[{index}] n/a: {reason}" for index, reason in enumerate(reasons, start=1))
         out.append("")
     return "\n".join(out)
 
