@@ -27,10 +27,9 @@ class Library:
 
 
 #: Every release in the declared ranges. Opacus: all releases 1.4.0–1.6.0 (1.5 is the index's name of 1.5.0).
-#: TF-Privacy: 0.9.0 only, measured. 0.8.11 and earlier pin tensorflow-probability ~= 0.20.0 (built for TF
-#: 2.12), which the family's 0.22.1 excludes; 0.8.12 (tensorflow-probability ~= 0.22.0, and tf-models-official
-#: ~= 2.13, whose 2.15.0 pins TF ~= 2.15.0) could install beside TF 2.15 but is not measured yet, so it is
-#: not in the range.
+#: TF-Privacy: 0.8.12 (with tf-models-official 2.15.0 and tensorflow-text 2.15.0, which its pin ~= 2.13 lets
+#: pip choose beside TF 2.15) and 0.9.0. 0.8.11 and earlier pin tensorflow-probability ~= 0.20.0 (built for
+#: TF 2.12), which the family's 0.22.1 excludes.
 #: JAX-Privacy: 2.0.0 only. 1.0.0 has none of the API the plugin calls (``jax_privacy.clipping``,
 #: ``noise_addition``, ``batch_selection``, ``keras_api`` are 2.0's; 1.0 has ``dp_sgd``, ``training``,
 #: ``keras``): its paths are not written yet.
@@ -47,7 +46,7 @@ LIBRARIES: tuple[Library, ...] = (
         family="torch",
         constraints="constraints.txt",
         implementations="tf-privacy-*",
-        versions=("0.9.0",),
+        versions=("0.8.12", "0.9.0"),
     ),
     Library(
         package="jax-privacy",
