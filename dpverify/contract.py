@@ -34,6 +34,9 @@ TRANSFORMER_INITS: tuple[str, ...] = ("random", "dirac")
 
 #: ``progress(step, steps)``: a trainer's report that DP step ``step`` of ``steps`` is done.
 StepProgress = Callable[[int, int], None]
+#: ``observe_update(step, parameters)``: a trainer's hand-over of the model's parameters after DP step
+#: ``step`` (0: the initial parameters, before the first step); see :attr:`Request.observe_update`.
+UpdateObserver = Callable[[int, "tuple[np.ndarray, ...]"], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,12 +157,23 @@ class Request:
     ``progress``, when given, is called as ``progress(step, steps)`` after each DP step (step counts from
     1 to ``steps``), so that a person watching a minutes-long audit sees it move. It must be cheap (the
     auditor's callback only redraws a line), it cannot change training, and an implementation may ignore
-    it: nothing in the audit depends on it being called."""
+    it: nothing in the audit depends on it being called.
+
+    ``observe_update``, when given, is the adversary of a DP-SGD claim that sees *every* released update,
+    not only the final model (the accountant's ε composes all T releases and bounds exactly that
+    adversary). The trainer calls ``observe_update(0, parameters)`` before its first step and
+    ``observe_update(t, parameters)`` after step t, with the designated model's parameters as float arrays
+    (copies) in the designated order: layer by layer from input to output, each layer's weight as
+    (outputs, inputs) then its bias (outputs,) — torch's ``nn.Linear`` layout; a Keras kernel is
+    transposed. An every-update audit reads the released updates as differences of consecutive
+    parameters; a trainer that never calls it is audited on its final model only, and its every-update
+    audits say that they did not run (never a pass)."""
 
     hyperparameters: DPHyperparameters
     seed: int = 0
     device: str = "cpu"
     progress: StepProgress | None = None
+    observe_update: UpdateObserver | None = None
 
     def __post_init__(self) -> None:
         check_int("seed", self.seed, low=0)
