@@ -61,6 +61,11 @@ class AuditResult:
     ``confidence`` is this audit's own level after the session has divided its level among its audits.
 
     ``threshold`` (two-world design only) is where the (ε, δ) test split the runs' scores.
+
+    ``observation`` is what the audit's adversary saw: ``"final model"`` (the black box after training) or
+    ``"every update"`` (each released step, :attr:`~dpverify.contract.Request.observe_update`), the adversary
+    a DP-SGD accountant's ε bounds. ``not_run`` says why an every-update audit did not run (its trainer
+    hands over no updates); its verdict is then ``undecided``, never a pass.
     """
 
     implementation: str
@@ -100,6 +105,8 @@ class AuditResult:
     scores: np.ndarray | None = field(default=None, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
     bound_by_guesses: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
+    observation: str = "final model"
+    not_run: str | None = None
 
     def to_dict(self, *, include_scores: bool = False) -> dict[str, Any]:
         """JSON-ready fields; raw scores only on request.
@@ -144,6 +151,8 @@ class AuditResult:
             "power": None if self.power is None else self.power.to_dict(),
             "config": self.config,
             "bound_by_guesses": [list(row) for row in self.bound_by_guesses],
+            "observation": self.observation,
+            "not_run": self.not_run,
         }
         out["infinite"] = [name for name in _NUMBER_FIELDS if _is_infinite(getattr(self, name))]
         for name in out["infinite"]:
@@ -195,6 +204,8 @@ class AuditResult:
                 "gradient, adds N(0, σ²C²) noise to the clipped sum once per step, samples batches the way "
                 "the accountant assumes, and that the accountant is given the σ, q and step count actually used."
             )
+        if self.not_run:
+            return head + f" Not run: {self.not_run}."
         if self.verdict == "undecided" and self.blind:
             return head + f" The audit could not see: {self.blind}."
         if self.verdict == "undecided":

@@ -290,10 +290,12 @@ def outcome_as_expected(result: dict[str, Any]) -> bool:
 
 
 def _design(result: dict[str, Any]) -> str:
-    """The design, with its world for a two-world audit (``two_world:dataset_size``)."""
-    if result["design"] == "two_world":
-        return f"two_world:{result['config']['worlds']['world']}"
-    return result["design"]
+    """The design, with its world for a two-world audit (``two_world:dataset_size``), and ``@updates`` where
+    the adversary saw every released update rather than the final model."""
+    design = result["design"]
+    if design == "two_world":
+        design = f"two_world:{result['config']['worlds']['world']}"
+    return f"{design}@updates" if result.get("observation") == "every update" else design
 
 
 def _power_cells(result: dict[str, Any]) -> tuple[str, str]:
@@ -328,6 +330,8 @@ def _note(result: dict[str, Any]) -> str:
     needs."""
     if result["verdict"] == "error" and result["error"]:
         return _clipped(result["error"].splitlines()[0])
+    if result.get("not_run"):
+        return _clipped(f"not run: {result['not_run']}")
     blind = (result.get("power") or {}).get("blind")
     if result["verdict"] == "undecided" and blind:
         return _clipped(f"could not see: {blind}")

@@ -72,9 +72,62 @@ def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
 
 
 def full_batch_gdp_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve | None:
-    """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts."""
+    """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts of its
+    final model."""
     mu = full_batch_gdp_mu(claim, relation)
     return None if mu is None else gdp_curve(mu)
+
+
+def claimed_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve:
+    """The whole trade-off curve the claim's (σ, q, T) asserts, at any q (exact GDP at q = 1, the PLD
+    envelope below it; :meth:`~dpverify.stats.curves.ClaimedRun.curve`): what an every-update world tests,
+    since the accountant's ε composes exactly the T releases that adversary sees."""
+    return claimed_run(claim, relation).curve()
+
+
+#: The looks of a two-world audit: after each fraction of its runs per world, the tests at that share of
+#: the audit's level 1 − confidence. The shares add up to 1, so by the union bound a correct implementation
+#: is refuted at some look with probability at most the level, however the looks stop it (optional
+#: stopping costs nothing); an obvious violation stops after a quarter of the runs, a pass runs them all
+#: at three quarters of the level.
+LOOKS: tuple[tuple[float, float], ...] = ((0.25, 0.125), (0.5, 0.125), (1.0, 0.75))
+#: Fewest runs per world a look counts on (the split test holds out half of them).
+MIN_LOOK_RUNS = 20
+
+
+def look_schedule(runs: int, confidence: float) -> list[tuple[int, float]]:
+    """``[(runs per world, confidence), ...]`` of :data:`LOOKS` for an audit of ``runs`` per world: a look
+    under :data:`MIN_LOOK_RUNS` runs (or at the runs of the one after) gives its share to the next."""
+    level = 1.0 - check_probability("confidence", confidence)
+    schedule, carried = [], 0.0
+    for fraction, share in LOOKS:
+        at = runs if fraction == 1.0 else round(fraction * runs)
+        carried += share
+        if fraction < 1.0 and (at < MIN_LOOK_RUNS or at >= runs):
+            continue
+        if schedule and schedule[-1][0] == at:
+            continue
+        schedule.append((at, 1.0 - carried * level))
+        carried = 0.0
+    return schedule
+
+
+def _pointwise_lowest(curves: list[TradeOffCurve | None]) -> TradeOffCurve | None:
+    """The pointwise lowest of the claims' curves (each claim asserts the pair), ``None`` if one has none."""
+    if not curves or any(c is None for c in curves):
+        return None
+    return curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
+
+
+def _early_refutation(
+    scores: dict[str, list[float]], claims: dict[str, set], curves: list, *, delta: float, confidence: float
+) -> TwoWorldBound | None:
+    """The bound of a look before the last when it refutes the claim (either test), else ``None``."""
+    claimed = max(max(claims["d"]), max(claims["dprime"]))
+    bound = two_world_bound(
+        scores["d"], scores["dprime"], delta=delta, confidence=confidence, claimed_curve=_pointwise_lowest(curves)
+    )
+    return bound if bound.epsilon_lower_bound > claimed or bound.refutes else None
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -86,9 +139,12 @@ class TwoWorldResult:
     in the two worlds, and each claim asserts the pair), in the world's ``relation``. ``claimed_mu`` is the
     GDP μ full-batch claims assert (the larger of the two; ``None`` for q < 1), for the report. Verdict:
     ``violation`` when the (ε, δ) test's ε_L exceeds ``claimed_epsilon`` or the curve test refutes the
-    claimed curve (the pointwise lower of the two worlds'; the two tests share ``confidence``);
-    ``undecided`` when the runs' ceilings could not refute the claim however the
-    scores fell (``runs_needed`` per world would); ``error`` when a run failed; else ``pass``.
+    claimed curve (the pointwise lower of the two worlds'; the two tests share ``confidence``, spent over
+    the looks of :func:`look_schedule`, the first that refutes ending the audit: ``scores_d`` then hold
+    the runs it took); ``undecided`` when the runs' ceilings could not refute the claim however the
+    scores fell (``runs_needed`` per world would), or when the world's adversary sees every update and
+    the trainer handed over none (``not_run`` says so); ``error`` when a run failed; else ``pass``.
+    ``observation`` is what the world's adversary saw: ``"final model"`` or ``"every update"``.
     """
 
     implementation: str
@@ -114,6 +170,8 @@ class TwoWorldResult:
     scores_dprime: tuple[float, ...] = ()
     error: str | None = None
     power: AuditPower | None = None
+    observation: str = "final model"
+    not_run: str | None = None
 
     @property
     def epsilon_lower_bound(self) -> float:
@@ -158,9 +216,15 @@ def _train_runs(task: tuple[_SharedByRuns, range]) -> tuple[list[RunOutcome], Au
     return until_failure(_train_run(implementation, shared, index) for index in indices)
 
 
+class UpdatesNotHandedOver(AuditFailure):
+    """A run of an every-update world whose trainer handed over no parameters
+    (:attr:`~dpverify.contract.Request.observe_update`): the audit did not run, which is not a pass."""
+
+
 def _train_run(implementation: Implementation, shared: _SharedByRuns, index: int) -> RunOutcome:
     world = shared.world
     features, labels = world.dataset(WORLDS[index % 2])
+    handed_over: list[tuple[np.ndarray, ...]] = []
     request = TrainingRequest(
         features=features,
         labels=labels,
@@ -169,10 +233,22 @@ def _train_run(implementation: Implementation, shared: _SharedByRuns, index: int
         hyperparameters=shared.hyperparameters,
         seed=shared.seeds[index],
         device=shared.device,
+        observe_update=(lambda step, parameters: handed_over.append(parameters)) if world.observes_updates else None,
     )
     trained = train_through_contract(implementation, request)
-    log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
-    return RunOutcome(score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device)
+    if not world.observes_updates:
+        log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
+        return RunOutcome(score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device)
+    if not handed_over:
+        raise UpdatesNotHandedOver(
+            f"it hands over no updates (Request.observe_update), so the {world.name} world, whose adversary sees "
+            "every released update, did not run"
+        )
+    try:
+        score = world.score_updates(handed_over, shared.hyperparameters)
+    except ValueError as exc:
+        raise AuditFailure(f"its handed-over updates: {exc}", device=trained.device) from exc
+    return RunOutcome(score=score, claim=trained.claim, device=trained.device)
 
 
 def run_two_world_audit(
@@ -209,14 +285,18 @@ def run_two_world_audit(
     """
     runs = check_int("runs", runs, low=2)
     if hyperparameters.expected_batch_size is None:
-        public = hyperparameters.sampling_rate * world.labels_d.size
+        public = hyperparameters.sampling_rate * (world.public_size or world.labels_d.size)
         hyperparameters = dataclasses.replace(hyperparameters, expected_batch_size=public)
     check_probability("confidence", confidence)
+    if world.observes_updates and curve_for_claim is full_batch_gdp_curve:
+        curve_for_claim = claimed_curve
     delta = hyperparameters.delta
     say = progress or (lambda message: None)
     started = time.perf_counter()
     device = resolve_device(device)
-    eps_ceiling, mu_ceiling = two_world_ceiling(runs, delta=delta, confidence=confidence)
+    looks = look_schedule(runs, confidence)
+    final_confidence = looks[-1][1]
+    eps_ceiling, mu_ceiling = two_world_ceiling(runs, delta=delta, confidence=final_confidence)
     common = dict(
         implementation=implementation.info.name,
         world=world.name,
@@ -228,6 +308,7 @@ def run_two_world_audit(
         delta=delta,
         epsilon_ceiling=eps_ceiling,
         mu_ceiling=mu_ceiling,
+        observation=world.observation,
     )
     say(f"{runs} runs per world can refute at most ε = {eps_ceiling:.3f} (or GDP μ = {mu_ceiling:.3f})")
     target = hyperparameters.target_epsilon
@@ -235,7 +316,9 @@ def run_two_world_audit(
     no_curve = curve_for_claim is None or (curve_for_claim is full_batch_gdp_curve and subsampled)
     refusal = None
     if target is not None:
-        refusal = runs_undecidable(target_claim(target), runs=runs, delta=delta, confidence=confidence, curve_test=not no_curve)
+        refusal = runs_undecidable(
+            target_claim(target), runs=runs, delta=delta, confidence=final_confidence, curve_test=not no_curve
+        )
     if refusal is not None:
         return TwoWorldResult(
             **common,
@@ -268,6 +351,7 @@ def run_two_world_audit(
     mus: list[float | None] = []
     converted: dict[tuple, tuple[float, str]] = {}
     runs_claimed: list[ClaimedRun] = []
+    stopped: TwoWorldBound | None = None  # the bound of the look that refuted the claim before the last
     try:
         for index, outcome in enumerate(outcomes):
             which = WORLDS[index % 2]
@@ -283,11 +367,31 @@ def run_two_world_audit(
             claims[which].add(converted[key][0])
             if (index + 1) % (2 * max(1, runs // 10)) == 0:
                 say(f"{(index + 1) // 2} of {runs} runs per world")
+            look = next((c for r, c in looks[:-1] if 2 * r == index + 1), None)
+            if look is not None:
+                stopped = _early_refutation(scores, claims, curves, delta=delta, confidence=look)
+                if stopped is not None:
+                    say(f"refuted at the look after {(index + 1) // 2} runs per world: stopping")
+                    break
         for which in ("d", "dprime"):
             if len(claims[which]) != 1:
                 raise AuditFailure(
                     f"it claimed different ε in runs on the same dataset ({which}): {sorted(claims[which])}"
                 )
+    except UpdatesNotHandedOver as failure:
+        return TwoWorldResult(
+            **common,
+            claimed_epsilon=math.nan,
+            claimed_epsilon_d=math.nan,
+            claimed_epsilon_dprime=math.nan,
+            claim_derivation="",
+            claimed_mu=None,
+            runs_needed=None,
+            bound=None,
+            verdict="undecided",
+            seconds=time.perf_counter() - started,
+            not_run=f"{implementation.info.name}: {failure.cause}",
+        )
     except AuditFailure as failure:
         return TwoWorldResult(
             **common,
@@ -310,21 +414,19 @@ def run_two_world_audit(
     eps_d, eps_dprime = claims["d"].pop(), claims["dprime"].pop()
     claimed = max(eps_d, eps_dprime)
     claimed_mu = None if any(mu is None for mu in mus) else max(mus)
-    curve: TradeOffCurve | None = None
-    if all(c is not None for c in curves):
-        curve = curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
+    curve = _pointwise_lowest(curves)
 
     def tested(d, dprime) -> tuple[TwoWorldBound, bool]:
-        """Both tests of one pair of score samples, and whether either refutes the claim: the audit's verdict
-        on its runs, and on the runs :func:`two_world_deficit` simulates."""
-        bound = two_world_bound(d, dprime, delta=delta, confidence=confidence, claimed_curve=curve)
+        """Both tests of one pair of score samples at the last look's level, and whether either refutes the
+        claim: the audit's verdict on its runs, and on the runs :func:`two_world_deficit` simulates."""
+        bound = two_world_bound(d, dprime, delta=delta, confidence=final_confidence, claimed_curve=curve)
         return bound, bound.epsilon_lower_bound > claimed or bound.refutes
 
-    bound, violated = tested(scores["d"], scores["dprime"])
-    cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=confidence))
+    bound, violated = (stopped, True) if stopped is not None else tested(scores["d"], scores["dprime"])
+    cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=final_confidence))
     verdict = "violation" if violated else "undecided" if cannot else "pass"
     weakest = max(runs_claimed, key=gdp_mu)  # the claim the worlds' pair asserts least of
-    power = None if world.score not in RECORD_SCORES else measure_power(
+    power = None if stopped is not None or world.score not in RECORD_SCORES else measure_power(
         weakest,
         np.array(scores["d"] + scores["dprime"]),
         np.repeat([-1, 1], [len(scores["d"]), len(scores["dprime"])]),
@@ -341,7 +443,7 @@ def run_two_world_audit(
         claimed_epsilon_dprime=eps_dprime,
         claim_derivation=next(iter(converted.values()))[1],
         claimed_mu=claimed_mu,
-        runs_needed=runs_needed(claimed, delta=delta, confidence=confidence, mu=claimed_mu) if cannot else None,
+        runs_needed=runs_needed(claimed, delta=delta, confidence=final_confidence, mu=claimed_mu) if cannot else None,
         bound=bound,
         verdict=verdict,
         seconds=time.perf_counter() - started,
@@ -431,7 +533,7 @@ def run_two_world_design(
         curve_mu=None if bound is None else bound.gdp_mu_lower_bound,
         threshold=None if bound is None else bound.threshold,
         confidence=outcome.confidence,
-        m=outcome.runs,
+        m=len(outcome.scores_d) or outcome.runs,
         guesses=counted,
         correct=counted - wrong,
         optimal_epsilon=outcome.epsilon_ceiling,
@@ -445,5 +547,7 @@ def run_two_world_design(
         scores=scores,
         membership=membership,
         power=outcome.power,
+        observation=outcome.observation,
+        not_run=outcome.not_run,
     )
 
