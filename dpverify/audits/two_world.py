@@ -52,7 +52,11 @@ from dpverify.stats.two_world import (
 )
 
 __all__ = [
+    "LOOKS",
     "TwoWorldResult",
+    "claimed_curve",
+    "look_schedule",
+    "refuting_bound",
     "full_batch_gdp_curve",
     "full_batch_gdp_mu",
     "run_two_world_audit",
@@ -119,15 +123,23 @@ def _pointwise_lowest(curves: list[TradeOffCurve | None]) -> TradeOffCurve | Non
     return curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
 
 
+def refuting_bound(
+    scores_d, scores_dprime, *, claimed_epsilon: float, curve: TradeOffCurve | None, delta: float, confidence: float
+) -> TwoWorldBound | None:
+    """Both tests of one look at ``confidence``: their bound when either refutes the claim, else ``None``."""
+    bound = two_world_bound(scores_d, scores_dprime, delta=delta, confidence=confidence, claimed_curve=curve)
+    return bound if bound.epsilon_lower_bound > claimed_epsilon or bound.refutes else None
+
+
 def _early_refutation(
     scores: dict[str, list[float]], claims: dict[str, set], curves: list, *, delta: float, confidence: float
 ) -> TwoWorldBound | None:
-    """The bound of a look before the last when it refutes the claim (either test), else ``None``."""
+    """:func:`refuting_bound` at a look before the last, on the runs so far and their claims."""
     claimed = max(max(claims["d"]), max(claims["dprime"]))
-    bound = two_world_bound(
-        scores["d"], scores["dprime"], delta=delta, confidence=confidence, claimed_curve=_pointwise_lowest(curves)
-    )
-    return bound if bound.epsilon_lower_bound > claimed or bound.refutes else None
+    return refuting_bound(
+        scores["d"], scores["dprime"], claimed_epsilon=claimed, curve=_pointwise_lowest(curves), delta=delta,
+        confidence=confidence,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
