@@ -363,3 +363,46 @@ def test_plugin_import_prints_no_factory_lines_and_keeps_stderr(tf_privacy):
     assert out.returncode == 0, out.stderr
     assert "Unable to register" not in out.stderr
     assert "still here" in out.stderr
+
+
+AUTOGRAPH_STEP = """
+import os
+import sys
+
+from dpverify_tfprivacy._tf import tf
+
+
+@tf.function
+def step(x):  # as TF-Privacy's fast-clipping registry traces os.path.commonprefix
+    os.path.commonprefix(["ab", "ac"])
+    return x
+
+
+step(tf.constant(1.0))
+print("still here", file=sys.stderr)
+"""
+
+
+def test_autograph_says_nothing_of_the_frozen_standard_library(tf_privacy, tmp_path):
+    """Python 3.11 freezes genericpath, so AutoGraph cannot read commonprefix's source and warned on each trace
+    (the step is a file: AutoGraph converts only functions whose source it can read)."""
+    (tmp_path / "step.py").write_text(AUTOGRAPH_STEP)
+    out = subprocess.run([sys.executable, str(tmp_path / "step.py")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "could not transform" not in out.stderr
+    assert "still here" in out.stderr
+
+
+def test_only_autographs_warnings_about_frozen_functions_are_dropped(tf_privacy):
+    import logging
+    import os
+
+    from dpverify_tfprivacy._tf import is_frozen_function_warning
+
+    def record(msg, *args):
+        return logging.LogRecord("tensorflow", logging.WARNING, __file__, 1, msg, args, None)
+
+    template = "AutoGraph could not transform %s and will run it as-is.\n%sCause: %s\n"
+    assert is_frozen_function_warning(record(template, os.path.commonprefix, "", "no source"))
+    assert not is_frozen_function_warning(record(template, record, "", "no source"))  # a function in a file
+    assert not is_frozen_function_warning(record("Some other warning about %s", os.path.commonprefix))
