@@ -28,7 +28,9 @@ __all__ = [
     "TwoWorldConfig",
     "TwoWorlds",
     "dataset_size_worlds",
+    "fixed_batch_spike",
     "fixed_batch_worlds",
+    "spike_log_likelihood_ratio",
     "microbatch_worlds",
     "realised_batch_worlds",
     "worst_case_record_worlds",
@@ -372,11 +374,16 @@ def fixed_batch_spike(
     direction /= np.linalg.norm(direction)
     sums = -np.diff(theta, axis=0) * hp.expected_batch_size / hp.learning_rate
     x = sums @ direction / hp.max_grad_norm + hp.expected_batch_size
-    sigma2 = hp.noise_multiplier**2
-    k = hp.steps_per_epoch
-    epochs = x.reshape(hp.epochs, k)
-    spike = np.logaddexp.reduce((2.0 * epochs - 2.0) / sigma2, axis=1)
-    return float(np.sum(spike - (epochs[:, -1] - 0.5) / sigma2 - math.log(k)))
+    return float(spike_log_likelihood_ratio(x.reshape(hp.epochs, hp.steps_per_epoch), noise_multiplier=hp.noise_multiplier))
+
+
+def spike_log_likelihood_ratio(x, *, noise_multiplier: float) -> np.ndarray:
+    """:func:`fixed_batch_spike`'s statistic of the released sums ``x`` (``(..., epochs, k)``, in clip norms
+    above a full batch of markers): the per-epoch log-likelihood ratios, summed over the epochs."""
+    x = np.asarray(x, dtype=np.float64)
+    sigma2 = check_real("noise_multiplier", noise_multiplier, low=0.0, low_open=True) ** 2
+    spike = np.logaddexp.reduce((2.0 * x - 2.0) / sigma2, axis=-1)
+    return np.sum(spike - (x[..., -1] - 0.5) / sigma2 - math.log(x.shape[-1]), axis=-1)
 
 
 #: The crafted worlds by name, as the two-world design selects them.
