@@ -390,21 +390,9 @@ def run_two_world_audit(
                 raise AuditFailure(
                     f"it claimed different ε in runs on the same dataset ({which}): {sorted(claims[which])}"
                 )
-    except UpdatesNotHandedOver as failure:
-        return TwoWorldResult(
-            **common,
-            claimed_epsilon=math.nan,
-            claimed_epsilon_d=math.nan,
-            claimed_epsilon_dprime=math.nan,
-            claim_derivation="",
-            claimed_mu=None,
-            runs_needed=None,
-            bound=None,
-            verdict="undecided",
-            seconds=time.perf_counter() - started,
-            not_run=f"{implementation.info.name}: {failure.cause}",
-        )
     except AuditFailure as failure:
+        cause = f"{implementation.info.name}: {failure.cause}"
+        not_run = isinstance(failure, UpdatesNotHandedOver)  # nothing to judge: not run, never a pass
         return TwoWorldResult(
             **common,
             claimed_epsilon=math.nan,
@@ -414,11 +402,12 @@ def run_two_world_audit(
             claimed_mu=None,
             runs_needed=None,
             bound=None,
-            verdict="error",
+            verdict="undecided" if not_run else "error",
             seconds=time.perf_counter() - started,
             scores_d=tuple(scores["d"]),
             scores_dprime=tuple(scores["dprime"]),
-            error=f"{implementation.info.name}: {failure.cause}",
+            error=None if not_run else cause,
+            not_run=cause if not_run else None,
         )
     finally:
         outcomes.close()  # after a failure, the runs not started are not trained
