@@ -204,6 +204,7 @@ def implementations() -> list[Implementation]:
             "correct",
             path="fast_clipping",
         ),
+    ] + [_variant(*row) for row in _VARIANTS] + [
         TFPrivacyKeras(
             ImplementationInfo(
                 name="tf-privacy-keras-fixed-batches",
@@ -216,4 +217,4 @@ def implementations() -> list[Implementation]:
             "correct",
             fixed_batches=True,
         ),
-    ] + [_variant(*row) for row in _VARIANTS]
+    ]
