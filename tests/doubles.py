@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
-from dpverify.contract import Implementation, ImplementationInfo, PrivacyClaim, TrainedModel, TrainingRequest
+from dpverify.contract import (
+    Implementation,
+    ImplementationInfo,
+    PrivacyClaim,
+    TrainedModel,
+    TrainingRequest,
+    hand_over_kernels,
+)
 from dpverify.stats.curves import ClaimedRun
 
 
@@ -153,10 +160,13 @@ class NumpyDPSGD(Implementation):
     the steps (:func:`claim_for`'s accountant, valid for any q), at the requested or calibrated σ.
 
     ``own_hidden_width`` trains that MLP whatever was requested: a trainer that builds its own model.
-    ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would."""
+    ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would.
+    ``hands_over_updates`` hands the parameters before the first step and after each to the request's
+    ``observe_update``."""
 
     own_hidden_width: int | None = None
     softmax_only: bool = False
+    hands_over_updates: bool = False
     info: ImplementationInfo = field(default_factory=lambda: ImplementationInfo(name="test-numpy-dpsgd", library="numpy"))
 
     def train(self, request: TrainingRequest) -> TrainedModel:
@@ -171,6 +181,8 @@ class NumpyDPSGD(Implementation):
         params = _initial_parameters(width, request.dimension, request.num_classes, rng)
         features = request.features.astype(np.float64)
         onehot = np.eye(request.num_classes)[request.labels]
+        if self.hands_over_updates:
+            hand_over_kernels(request, 0, lambda: params)
         for step in range(1, hp.steps + 1):
             batch = np.flatnonzero(rng.random(request.num_records) < hp.sampling_rate)
             grads = _per_record_gradients(params, features[batch], onehot[batch])
@@ -179,6 +191,8 @@ class NumpyDPSGD(Implementation):
             for p, g in zip(params, grads):
                 noisy = np.tensordot(factors, g, axes=1) + rng.normal(0.0, sigma * hp.max_grad_norm, p.shape)
                 p -= hp.learning_rate * noisy / hp.normaliser(request.num_records)
+            if self.hands_over_updates:
+                hand_over_kernels(request, step, lambda: params)
             if request.progress is not None:
                 request.progress(step, hp.steps)
         epsilon = ClaimedRun(noise_multiplier=sigma, steps=hp.steps).epsilon(hp.delta)
