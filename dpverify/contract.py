@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Callable, Iterable, Literal, Mapping
 
 import numpy as np
 
@@ -138,6 +138,19 @@ class DPHyperparameters:
             return self.expected_batch_size
         return self.sampling_rate * num_records
 
+    def fixed_batch_size(self, num_records: int) -> int:
+        """The batch size B of an API that takes fixed-size batches of a shuffled dataset and divides by B
+        (it takes no other normaliser): the designated :attr:`expected_batch_size`, which must then be a
+        whole number, else round(q·``num_records``), at least 1."""
+        normaliser = self.normaliser(num_records)
+        batch_size = max(1, round(normaliser))
+        if self.expected_batch_size is not None and batch_size != normaliser:
+            raise ValueError(
+                f"a fixed-batch API divides by its whole batch size; expected_batch_size must be a whole number "
+                f">= 1, got {self.expected_batch_size:g}"
+            )
+        return batch_size
+
     @property
     def steps_per_epoch(self) -> int:
         return max(1, round(1.0 / self.sampling_rate))
@@ -178,6 +191,15 @@ class Request:
     def __post_init__(self) -> None:
         check_int("seed", self.seed, low=0)
         check_choice("device", self.device, ("cpu", "cuda"))
+
+
+def hand_over_kernels(request: Request, step: int, weights: Callable[[], Iterable[np.ndarray]]) -> None:
+    """Hand the parameters after DP step ``step`` (0: before the first) of a model kept in the kernel layout
+    of Keras and JAX (each layer's kernel (inputs, outputs), then its bias) to the request's
+    :attr:`~Request.observe_update`, if it has one: ``weights()`` is read only then, and each kernel is
+    transposed to the designated (outputs, inputs); copies, as float arrays."""
+    if request.observe_update is not None:
+        request.observe_update(step, tuple(np.array(np.asarray(w).T, copy=True) for w in weights()))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
-from dpverify.contract import Implementation, ImplementationInfo, PrivacyClaim, TrainedModel, TrainingRequest
+from dpverify.contract import (
+    Implementation,
+    ImplementationInfo,
+    PrivacyClaim,
+    TrainedModel,
+    TrainingRequest,
+    hand_over_kernels,
+)
 from dpverify.stats.curves import ClaimedRun
 
 
@@ -217,9 +224,8 @@ class NumpyDPSGD(Implementation):
         return self._epoch[(step - 1) % k]
 
     def _hand_over(self, request: TrainingRequest, step: int, params: list[np.ndarray]) -> None:
-        """The contract's layout: each layer's weight as (outputs, inputs), then its bias."""
-        if self.hands_over_updates and request.observe_update is not None:
-            request.observe_update(step, tuple(p.T.copy() if p.ndim == 2 else p.copy() for p in params))
+        if self.hands_over_updates:
+            hand_over_kernels(request, step, lambda: params)
 
 
 def _initial_parameters(width: int, dimension: int, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
