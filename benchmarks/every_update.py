@@ -38,14 +38,20 @@ DELTA = 1e-5
 SETTINGS = ((1.0, 20, 10, 13.6), (1.0, 100, 10, 9.36), (0.8, 100, 1, 5.62), (0.8, 10, 2, None))
 
 
-def ideal_sums(rng: np.random.Generator, runs: int, *, k: int, epochs: int, sigma: float, fixed: bool, canary: bool, batch: int = 8) -> np.ndarray:
-    """``(runs, epochs, k)`` sums a perfect adversary reads, for k·B − 1 markers (and the canary)."""
+def ideal_sums(
+    rng: np.random.Generator, runs: int, *, k: int, epochs: int, sigma: float, fixed: str | None, canary: bool, batch: int = 8
+) -> np.ndarray:
+    """``(runs, epochs, k)`` sums a perfect adversary reads, for k·B − 1 markers (and the canary): Poisson
+    batches (``fixed`` None) or fixed ones whose remainder is a short last batch (``"short-last"``) or is
+    dropped (``"drop-last"``: D's epoch is k full batches, D′'s the same with the canary in one)."""
     x = rng.normal(0.0, sigma, (runs, epochs, k))
     if fixed and canary:
         at = rng.integers(0, k, (runs, epochs, 1))
         np.put_along_axis(x, at, np.take_along_axis(x, at, axis=2) + 2.0, axis=2)
-    elif fixed:
+    elif fixed == "short-last":
         x[..., -1] += 1.0
+    elif fixed:
+        pass
     else:
         x += batch - rng.binomial(k * batch - 1, 1.0 / k, x.shape)
         if canary:
@@ -70,31 +76,41 @@ def clopper_pearson(hits: int, n: int) -> str:
 
 def ideal(args: argparse.Namespace) -> list[str]:
     lines = [
-        "| σ | steps/epoch | epochs | Poisson claim ε (PLD) | issue's shuffle bound | runs/world | confidence | shuffled refuted | median runs taken | median GDP ε_L when refuted | Poisson refuted (false alarm) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| σ | steps/epoch | epochs | Poisson claim ε (PLD) | issue's shuffle bound | runs/world | confidence | batches | fixed batches refuted | median runs taken | median GDP ε_L when refuted | Poisson refuted (false alarm) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for sigma, k, epochs, bound in SETTINGS:
         claim = ClaimedRun(noise_multiplier=sigma, sampling_rate=1.0 / k, steps=k * epochs)
         curve, claimed = claim.curve(), claim.epsilon(DELTA)
+
+        def scores(seed: int, runs: int, fixed: str | None) -> list[np.ndarray]:
+            rng = np.random.default_rng(seed)
+            return [
+                spike_log_likelihood_ratio(
+                    ideal_sums(rng, runs, k=k, epochs=epochs, sigma=sigma, fixed=fixed, canary=canary), noise_multiplier=sigma
+                )
+                for canary in (False, True)
+            ]
+
         for runs in args.runs:
             for confidence in (0.95, 0.9995):
-                found, taken, eps = [], [], []
-                for seed in range(args.seeds):
-                    rng = np.random.default_rng(seed)
-                    score = lambda fixed, canary: spike_log_likelihood_ratio(  # noqa: E731
-                        ideal_sums(rng, runs, k=k, epochs=epochs, sigma=sigma, fixed=fixed, canary=canary), noise_multiplier=sigma
-                    )
-                    hit, at, gdp = sequential_refutes(score(True, False), score(True, True), curve=curve, claimed=claimed, confidence=confidence)
-                    found.append(hit), taken.append(at), eps.append(gdp) if hit else None
                 null = sum(
-                    sequential_refutes(*(spike_log_likelihood_ratio(ideal_sums(np.random.default_rng(10_000 + s), runs, k=k, epochs=epochs, sigma=sigma, fixed=False, canary=c), noise_multiplier=sigma) for c in (False, True)), curve=curve, claimed=claimed, confidence=confidence)[0]
-                    for s in range(args.seeds)
+                    sequential_refutes(*scores(10_000 + seed, runs, None), curve=curve, claimed=claimed, confidence=confidence)[0]
+                    for seed in range(args.seeds)
                 )
-                lines.append(
-                    f"| {sigma} | {k} | {epochs} | {claimed:.2f} | {bound if bound else '–'} | {runs} | {confidence} | "
-                    f"{clopper_pearson(sum(found), len(found))} | {np.median(taken):.0f} | {np.median(eps) if eps else float('nan'):.2f} | {clopper_pearson(null, args.seeds)} |"
-                )
-                print(lines[-1], flush=True)
+                for layout in ("short-last", "drop-last"):
+                    outcomes = [
+                        sequential_refutes(*scores(seed, runs, layout), curve=curve, claimed=claimed, confidence=confidence)
+                        for seed in range(args.seeds)
+                    ]
+                    found = [hit for hit, _, _ in outcomes]
+                    eps = [gdp for hit, _, gdp in outcomes if hit]
+                    lines.append(
+                        f"| {sigma} | {k} | {epochs} | {claimed:.2f} | {bound if bound else '–'} | {runs} | {confidence} | "
+                        f"{layout} | {clopper_pearson(sum(found), len(found))} | {np.median([at for _, at, _ in outcomes]):.0f} | "
+                        f"{np.median(eps) if eps else float('nan'):.2f} | {clopper_pearson(null, args.seeds)} |"
+                    )
+                    print(lines[-1], flush=True)
     return lines
 
 

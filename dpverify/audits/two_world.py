@@ -213,10 +213,11 @@ class _SharedByRuns:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """One run, as a task returns it: the world's score of its black box, its claim and where it trained
-    (what :func:`~dpverify.audits.steps.claimed_epsilon` reads; the trained model itself stays behind)."""
+    """One run, as a task returns it: the world's score of its black box (or its candidate scores, an
+    array), its claim and where it trained (what :func:`~dpverify.audits.steps.claimed_epsilon` reads; the
+    trained model itself stays behind)."""
 
-    score: float
+    score: float | np.ndarray
     claim: PrivacyClaim
     device: str
 
@@ -448,10 +449,16 @@ def run_two_world_audit(
         bound=bound,
         verdict=verdict,
         seconds=time.perf_counter() - started,
-        scores_d=tuple(scores["d"]),
-        scores_dprime=tuple(scores["dprime"]),
+        scores_d=_counted_statistic(scores["d"], bound),
+        scores_dprime=_counted_statistic(scores["dprime"], bound),
         power=power,
     )
+
+
+def _counted_statistic(scores: list, bound: TwoWorldBound) -> tuple[float, ...]:
+    """The runs' scores of the statistic the (ε, δ) test counted on (a world with candidate statistics
+    gives each run an array of them)."""
+    return tuple(float(np.atleast_1d(score)[bound.statistic]) for score in scores)
 
 
 def runs_undecidable(

@@ -121,9 +121,9 @@ class TwoWorlds:
             return float(np.mean(np.std(log_probs, axis=1)))
         return float(np.mean(log_probs[:, self.target_class]))
 
-    def score_updates(self, parameters: list[tuple[np.ndarray, ...]], hyperparameters: DPHyperparameters) -> float:
-        """The world's score of one run from the parameters its trainer handed over (before the first
-        step, then after each): see :func:`fixed_batch_worlds`."""
+    def score_updates(self, parameters: list[tuple[np.ndarray, ...]], hyperparameters: DPHyperparameters) -> np.ndarray:
+        """The world's candidate scores of one run from the parameters its trainer handed over (before the
+        first step, then after each): see :func:`fixed_batch_worlds`."""
         if not self.observes_updates:
             raise ValueError(f"the {self.name} world scores the final model (score_log_probs), not its updates")
         return fixed_batch_spike(parameters, hyperparameters, scale=float(self.probes[0, 0]))
@@ -338,9 +338,11 @@ def fixed_batch_worlds(
 
 def fixed_batch_spike(
     parameters: list[tuple[np.ndarray, ...]], hyperparameters: DPHyperparameters, *, scale: float
-) -> float:
-    r"""A run's score in the fixed-batch world: the log-likelihood ratio of "D′" against "D" under the
-    fixed-batch model, summed over epochs (higher means D′).
+) -> np.ndarray:
+    r"""A run's scores in the fixed-batch world: log-likelihood ratios of "D′" against "D" under the
+    fixed-batch model, summed over epochs (higher means D′), one for each place a trainer leaves the
+    remainder (:func:`spike_log_likelihood_ratio`); the two-world test chooses between them on its held-out
+    half of the runs.
 
     Each step's released noisy sum is :math:`g_t = -(\theta_t - \theta_{t-1})\,n/\eta` (normaliser n,
     learning rate η); along the canary's unit clipped direction u = (x*, −x*, 1, −1)/‖·‖ (weights then
@@ -350,8 +352,9 @@ def fixed_batch_spike(
 
     .. math:: \log \sum_j e^{(2x_j - 2)/\sigma^2} - (x_k - \tfrac12)/\sigma^2 - \log k.
 
-    The statistic is fixed before any run, so the two-world test is valid whatever the trainer does; it is
-    most powerful where the trainer batches as modelled.
+    Where a trainer drops the remainder instead (D's epoch holds k full batches' worth of markers and no
+    short one), the ratio against "D: nothing" drops the last term. The statistics are fixed before any run
+    and the test chooses one on runs it does not count, so it is valid whatever the trainer does.
     """
     hp = hyperparameters
     if hp.noise_multiplier is None or hp.noise_multiplier <= 0 or hp.expected_batch_size is None:
@@ -374,16 +377,18 @@ def fixed_batch_spike(
     direction /= np.linalg.norm(direction)
     sums = -np.diff(theta, axis=0) * hp.expected_batch_size / hp.learning_rate
     x = sums @ direction / hp.max_grad_norm + hp.expected_batch_size
-    return float(spike_log_likelihood_ratio(x.reshape(hp.epochs, hp.steps_per_epoch), noise_multiplier=hp.noise_multiplier))
+    return spike_log_likelihood_ratio(x.reshape(hp.epochs, hp.steps_per_epoch), noise_multiplier=hp.noise_multiplier)
 
 
 def spike_log_likelihood_ratio(x, *, noise_multiplier: float) -> np.ndarray:
-    """:func:`fixed_batch_spike`'s statistic of the released sums ``x`` (``(..., epochs, k)``, in clip norms
-    above a full batch of markers): the per-epoch log-likelihood ratios, summed over the epochs."""
+    """:func:`fixed_batch_spike`'s statistics of the released sums ``x`` (``(..., epochs, k)``, in clip norms
+    above a full batch of markers), ``(..., 2)``: the log-likelihood ratio of "D′: +2 at a uniform step"
+    against "D: +1 at the epoch's last" (a data loader's short last batch), and against "D: nothing" (its
+    remainder dropped, as an API that refuses a short batch does), each summed over the epochs."""
     x = np.asarray(x, dtype=np.float64)
     sigma2 = check_real("noise_multiplier", noise_multiplier, low=0.0, low_open=True) ** 2
-    spike = np.logaddexp.reduce((2.0 * x - 2.0) / sigma2, axis=-1)
-    return np.sum(spike - (x[..., -1] - 0.5) / sigma2 - math.log(x.shape[-1]), axis=-1)
+    spike = np.logaddexp.reduce((2.0 * x - 2.0) / sigma2, axis=-1) - math.log(x.shape[-1])
+    return np.stack([np.sum(spike - (x[..., -1] - 0.5) / sigma2, axis=-1), np.sum(spike, axis=-1)], axis=-1)
 
 
 #: The crafted worlds by name, as the two-world design selects them.
