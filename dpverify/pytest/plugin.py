@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -206,7 +207,10 @@ class ResultGatherer:
             elif name == UNAVAILABLE_PROPERTY:
                 self.unavailable.append(json.loads(value))
         if gathered and self.session.enabled:
-            self.session.write_report(complete=False)
+            try:
+                self.session.write_report(complete=False)
+            except Exception as exc:  # the verdicts stand; the report at the session's end says whether it can
+                sys.stderr.write(f"dpverify: warning: the report could not be rewritten after {report.nodeid}: {type(exc).__name__}: {exc}\n")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -423,6 +427,18 @@ def dp_audit(request: pytest.FixtureRequest) -> Any:
     if problem:  # failed outside the except clause: the message once, not again as the failure's context
         pytest.fail(problem, pytrace=False)
     return DPAudit(session, request.node, settings, request.node.stash.get(PLANNED_KEY, 0))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """After a test that used the ``dp_audit`` fixture returned: a Hypothesis test all of whose examples were
+    undecided is undecided itself (a skip; :meth:`dpverify.pytest.fixture.DPAudit.conclude`). A test
+    that raised keeps its outcome."""
+    outcome = yield
+    conclude = getattr(getattr(pyfuncitem, "funcargs", {}).get("dp_audit"), "conclude", None)
+    if conclude is not None:
+        conclude()
+    return outcome
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
