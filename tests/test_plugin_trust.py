@@ -329,3 +329,23 @@ def test_a_hypothesis_test_is_undecided_only_when_every_example_was(project):
     result.stdout.fnmatch_lines(["*every one of the 4 example(s) was undecided*"])
     strict = run(project, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-strict")
     strict.assert_outcomes(failed=1)
+
+
+def test_the_table_and_report_say_which_audits_the_level_counts(project, tmp_path):
+    """Counted: the audits of implementations expected private. Not: a buggy variant's, a known issue's."""
+    project.makeconftest(
+        CONFTEST
+        + """
+register_implementation(Memoriser(info=ImplementationInfo(
+    name="known-leak", library="numpy", expected="known-issue", issue="https://example.org/issue/1")))
+register_implementation(Memoriser(info=ImplementationInfo(
+    name="caught-d1", library="numpy", expected="violation", breaks="adds no noise", detectability="D1")))
+"""
+    )
+    report = tmp_path / "r.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-*,known-*,caught-*", f"--dp-audit-report={report}")
+    result.assert_outcomes(passed=3)
+    data = json.loads(report.read_text())
+    assert {a["implementation"]: a["counted"] for a in data["audits"]} == {"third-party-private": True, "known-leak": False, "caught-d1": False}
+    assert data["planned_audits"] == 1
+    result.stdout.fnmatch_lines(["*counted*", "*caught-d1 * violation * no *", "*known-leak * violation K * no *", "*third-party-private * pass * yes *"])
