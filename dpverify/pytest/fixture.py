@@ -199,8 +199,12 @@ def _undecided(result: AuditResult, *, strict: bool) -> NoReturn:
     _cannot_decide(result.summary(), strict=strict)
 
 
+def _not_a_pass(message: str) -> str:
+    return f"{message} (undecided is not a pass: --dp-audit-strict makes it a failure)"
+
+
 def _cannot_decide(message: str, *, strict: bool) -> NoReturn:
-    message = f"{message} (undecided is not a pass: --dp-audit-strict makes it a failure)"
+    message = _not_a_pass(message)
     if strict:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
@@ -229,7 +233,7 @@ class DPAudit:
     example that cannot decide (refused before training, or undecided after) does not end a Hypothesis
     test: it is noted (an :class:`UndecidedExample` warning), its undecided result returned, and the test
     goes on with the next example; the test is undecided (skipped) only when every example was
-    (:meth:`conclude`), and fails as soon as one is a violation. Under ``--dp-audit-strict`` the first
+    (:meth:`undecided_reason`), and fails as soon as one is a violation. Under ``--dp-audit-strict`` the first
     undecided example fails the test, as anywhere else.
     """
 
@@ -281,13 +285,12 @@ class DPAudit:
             raise
         return result
 
-    def conclude(self) -> None:
-        """After a Hypothesis test that did not fail: skip it (undecided, never a pass) when every example's
-        audit was undecided; one that decided makes the test's outcome."""
+    def undecided_reason(self) -> str | None:
+        """Why a Hypothesis test that did not fail is undecided (the plugin skips it: undecided is never a
+        pass): every example's audit was; ``None`` when one decided, which makes the test's outcome."""
         if self._hypothesis and self.examples and len(self.undecided) == self.examples:
-            _cannot_decide(
-                f"every one of the {self.examples} example(s) was undecided; the first: {self.undecided[0]}", strict=False
-            )
+            return _not_a_pass(f"every one of the {self.examples} example(s) was undecided; the first: {self.undecided[0]}")
+        return None
 
     def _count(self) -> bool:
         """Count one audit against this test's budget; ``False`` for a Hypothesis test's audits after a

@@ -429,16 +429,16 @@ def dp_audit(request: pytest.FixtureRequest) -> Any:
     return DPAudit(session, request.node, settings, request.node.stash.get(PLANNED_KEY, 0))
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
-    """After a test that used the ``dp_audit`` fixture returned: a Hypothesis test all of whose examples were
-    undecided is undecided itself (a skip; :meth:`dpverify.pytest.fixture.DPAudit.conclude`). A test
-    that raised keeps its outcome."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A Hypothesis test that passed with every example undecided is undecided itself: its report becomes a
+    skip (:meth:`dpverify.pytest.fixture.DPAudit.undecided_reason`). A test that failed keeps its outcome."""
     outcome = yield
-    conclude = getattr(getattr(pyfuncitem, "funcargs", {}).get("dp_audit"), "conclude", None)
-    if conclude is not None:
-        conclude()
-    return outcome
+    report = outcome.get_result()
+    reason = getattr(getattr(item, "funcargs", {}).get("dp_audit"), "undecided_reason", None)
+    if call.when == "call" and report.passed and reason is not None and (why := reason()) is not None:
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"Skipped: {why}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
