@@ -296,7 +296,7 @@ from dpverify.strategies import audit_settings
 from tests.doubles import GaussianMechanism, Oblivious
 
 @settings(audit_settings, max_examples=4, database=None, phases=[Phase.explicit])
-@example(kind="blind", m=500)
+@example(kind={first!r}, m={first_m})
 @example(kind={second!r}, m=500)
 @example(kind={third!r}, m=510)
 @example(kind={third!r}, m=520)
@@ -311,7 +311,7 @@ def test_drawn(dp_audit, kind, m):
 
 
 def test_a_blind_hypothesis_example_is_noted_and_the_next_ones_still_find_the_violation(project, tmp_path):
-    project.makepyfile(BLIND_THEN_LEAKING.format(second="leaking", third="leaking"))
+    project.makepyfile(BLIND_THEN_LEAKING.format(first="blind", first_m=500, second="leaking", third="leaking"))
     report = tmp_path / "r.json"
     result = run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}")
     result.assert_outcomes(failed=1)
@@ -322,8 +322,16 @@ def test_a_blind_hypothesis_example_is_noted_and_the_next_ones_still_find_the_vi
     assert all(a["verdict"] == "violation" and a["counted"] is False for a in audits[2:])  # after the failure
 
 
+def test_a_hypothesis_example_refused_before_training_is_noted_and_the_test_goes_on(project):
+    project.makepyfile(BLIND_THEN_LEAKING.format(first="leaking", first_m=20, second="leaking", third="leaking"))
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*verdict VIOLATION*"])
+    result.stdout.fnmatch_lines(["*UndecidedExample: *test_drawn: an undecided example: test-gaussian-mechanism: not run: m = 20*"])
+
+
 def test_a_hypothesis_test_is_undecided_only_when_every_example_was(project):
-    project.makepyfile(BLIND_THEN_LEAKING.format(second="blind", third="blind"))
+    project.makepyfile(BLIND_THEN_LEAKING.format(first="blind", first_m=500, second="blind", third="blind"))
     result = run(project, "--dp-audit", "--dp-audit-implementations=none", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*every one of the 4 example(s) was undecided*"])
