@@ -201,4 +201,10 @@ def errored_entry(planned: dict[str, Any], *, cause: str, confidence: float) -> 
     """A report entry with verdict ``error`` for a planned audit that did not run, at this session's level."""
     fields = {**planned["fields"], "confidence": confidence}
     result = result_without_bound(fields, verdict="error", error=f"{planned['implementation']}: {cause}", device="-", seconds=0.0)
-    return {"nodeid": planned["nodeid"], **result.to_dict(), "library": planned["library"], "library_version": planned["library_version"]}
+    return {
+        "nodeid": planned["nodeid"],
+        **result.to_dict(),
+        "counted": planned["counted"],
+        "library": planned["library"],
+        "library_version": planned["library_version"],
+    }
