@@ -69,12 +69,14 @@ def undecidable(implementation: Implementation, config: Any) -> Undecidable | No
 
 def refused_result(implementation: Implementation, config: Any, refusal: Undecidable) -> AuditResult:
     """Verdict ``undecided`` of an audit refused before training (:func:`undecidable` gave ``refusal``):
-    nothing ran, so no claim, bound or ceiling (NaN); ``canaries_needed`` is the setting that would decide."""
+    nothing ran, so no claim, bound or ceiling (NaN); ``canaries_needed`` is the setting that would decide,
+    and ``claim_derivation`` says why it was not run."""
     settings = _as_run(implementation, config)
     return result_without_bound(
         result_fields(implementation, settings, settings.audit_size),
         verdict="undecided",
         canaries_needed=refusal.needed,
+        claim_derivation=f"Not run: {refusal.message()}",
         device=str(settings.device),
         seconds=0.0,
     )
