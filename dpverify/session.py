@@ -14,6 +14,7 @@ second family of tests at its own full level.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,7 +22,6 @@ import platform
 import shlex
 import sys
 import zlib
-import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -248,14 +248,15 @@ def audit_entry(
 ) -> dict[str, Any]:
     """One audit as the report holds it: the result's fields, the library and its version, the test that
     ran it (``nodeid``: a pytest node id, or ``dpverify audit <name>`` from the command line) and whether
-    the session's level counts it (``counted``: see :data:`UNCOUNTED_MARK`). Never raises: should the
+    the session's level counts it (``counted``; the table's column of that name). Never raises: should the
     result's fields fail to convert, the entry holds its verdict and plain fields, with the failure among
     its ``auxiliary_failures`` (the report is written after the verdict and never loses it)."""
     from dpverify.results import beside_verdict
 
     failures: list[tuple[str, str]] = []
-    fields = beside_verdict("report entry", result.to_dict, failures) or _plain_fields(result, failures)
+    fields = beside_verdict("report entry", result.to_dict, failures) or _plain_fields(result)
     version = beside_verdict("report entry", implementation.library_version, failures)
+    fields["auxiliary_failures"] = [*fields["auxiliary_failures"], *({"what": what, "error": error} for what, error in failures)]
     entry = {"nodeid": nodeid} if nodeid else {}
     return {
         **entry,
@@ -274,9 +275,9 @@ _PLAIN_NUMBERS = ("claimed_epsilon", "library_epsilon", "delta", "epsilon_lower_
                   "curve_p_value", "optimal_epsilon", "seconds")  # fmt: skip
 
 
-def _plain_fields(result: AuditResult, failures: list[tuple[str, str]]) -> dict[str, Any]:
+def _plain_fields(result: AuditResult) -> dict[str, Any]:
     """The verdict and the fields the table reads, as plain JSON, for an entry whose full conversion
-    failed (``failures`` say why)."""
+    failed."""
 
     def number(value: Any) -> float | None:
         try:
@@ -287,7 +288,7 @@ def _plain_fields(result: AuditResult, failures: list[tuple[str, str]]) -> dict[
     fields: dict[str, Any] = {name: _plain(getattr(result, name, None)) for name in _PLAIN_FIELDS}
     fields.update({name: number(getattr(result, name, None)) for name in _PLAIN_NUMBERS})
     fields.update(infinite=[], power=None, config={}, bound_by_guesses=[])
-    fields["auxiliary_failures"] = [{"what": what, "error": error} for what, error in (*result.auxiliary_failures, *failures)]
+    fields["auxiliary_failures"] = [{"what": what, "error": error} for what, error in result.auxiliary_failures]
     return fields
 
 

@@ -160,3 +160,13 @@ def test_under_pytest_an_audits_own_crash_is_an_error_with_its_report_entry(proj
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*the audit itself failed (RuntimeError: injected failure)*"])
     assert [a["verdict"] for a in json.loads(report.read_text())["audits"]] == ["error", "error"]
+
+
+def test_a_report_entry_keeps_its_verdict_when_the_librarys_version_cannot_be_read(monkeypatch):
+    from dpverify.session import audit_entry
+
+    implementation = Memoriser()
+    monkeypatch.setattr(type(implementation), "library_version", _raise)
+    entry = audit_entry(run_audit(implementation, CONFIG), implementation, counted=False)
+    assert entry["verdict"] == "violation" and entry["library_version"] is None
+    assert entry["auxiliary_failures"] == [{"what": "report entry", "error": "RuntimeError: injected failure"}]
