@@ -289,3 +289,48 @@ def test_a_two_world_result_reports_and_plots_its_threshold(reference, tmp_path)
     assert result.to_dict()["threshold"] == pytest.approx(result.threshold)
     path = save_audit_plots(result, tmp_path)
     assert path.name == "reference-dpsgd-seed0.png" and path.stat().st_size > 0
+
+
+class ExactAtLooseDelta(Oblivious):
+    """Learns nothing and claims an exact (2, 1e-3) Gaussian mechanism: true, though not (2, 1e-5)-DP."""
+
+    def train(self, request):
+        import dataclasses
+
+        from dpverify.contract import PrivacyClaim
+        from tests.doubles import _calibrated_sigma
+
+        hp = request.hyperparameters
+        claim = PrivacyClaim(epsilon=2.0, delta=1e-3, accountant="test", noise_multiplier=_calibrated_sigma(2.0, steps=hp.steps, delta=1e-3),
+                             sampling_rate=hp.sampling_rate, steps=hp.steps)  # fmt: skip
+        return dataclasses.replace(super().train(request), claim=claim)
+
+
+@pytest.mark.parametrize("world", ["dataset_size", "realised_batch", "worst_case_record"])
+def test_a_two_world_audit_tests_the_claim_at_the_delta_it_is_stated_at(world):
+    from dpverify.audits import run_audit
+    from dpverify.config import two_world_config
+    from dpverify.stats.two_world import two_world_bound
+
+    config = two_world_config("quick", world, runs=40).with_overrides(seed=2)
+    assert config.hyperparameters.delta == 1e-5  # requested; the claim holds at 1e-3
+    result = run_audit(ExactAtLooseDelta(), config)
+    assert result.delta == 1e-3 and result.verdict != "error", result.error
+    assert result.optimal_epsilon == pytest.approx(two_world_ceiling(40, delta=1e-3, confidence=config.confidence)[0])
+    d, dprime = result.scores[result.membership == -1], result.scores[result.membership == 1]
+    bound = two_world_bound(d, dprime, delta=1e-3, confidence=config.confidence)
+    assert result.epsilon_lower_bound == pytest.approx(bound.epsilon_lower_bound)
+
+
+def test_the_worst_case_record_world_checks_the_designated_model_as_the_one_run_audit_does():
+    """A correct trainer that builds a 64-unit MLP where softmax regression is designated: the world's score
+    reads the record through the designated model, so it cannot pass (it passed with ρ 0.46 before)."""
+    from dpverify.audits import run_audit
+    from dpverify.config import two_world_config
+    from tests.doubles import NumpyDPSGD
+
+    config = two_world_config("quick", "worst_case_record").with_overrides(seed=5)
+    own_model = run_audit(NumpyDPSGD(own_hidden_width=64), config)
+    assert own_model.verdict == "undecided" and "not the designated" in own_model.blind
+    designated = run_audit(NumpyDPSGD(), config)
+    assert designated.power is not None and designated.power.blind is None

@@ -26,9 +26,11 @@ from dpverify.audits.steps import (
     claimed_epsilon,
     claimed_run,
     designated_claim,
+    designated_model_defect,
     target_claim,
     query_black_box,
     in_task_order,
+    power_beside_verdict,
     resolve_device,
     train_through_contract,
     until_failure,
@@ -39,7 +41,7 @@ from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture
 from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
 from dpverify.stats.curves import ClaimedRun
-from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, two_world_deficit
+from dpverify.stats.power import AuditPower, gdp_mu, measure_power, two_world_deficit
 from dpverify.stats.two_world import (
     TradeOffCurve,
     TwoWorldBound,
@@ -157,6 +159,8 @@ class TwoWorldResult:
     scores fell (``runs_needed`` per world would), or when the world's adversary sees every update and
     the trainer handed over none (``not_run`` says so); ``error`` when a run failed; else ``pass``.
     ``observation`` is what the world's adversary saw: ``"final model"`` or ``"every update"``.
+    ``auxiliary_failures``: what failed beside the verdict (the power), as in
+    :class:`~dpverify.results.AuditResult`.
     """
 
     implementation: str
@@ -184,6 +188,7 @@ class TwoWorldResult:
     power: AuditPower | None = None
     observation: str = "final model"
     not_run: str | None = None
+    auxiliary_failures: tuple[tuple[str, str], ...] = ()
 
     @property
     def epsilon_lower_bound(self) -> float:
@@ -220,6 +225,7 @@ class RunOutcome:
     score: float | np.ndarray
     claim: PrivacyClaim
     device: str
+    not_designated: str | None = None
 
 
 def _train_runs(task: tuple[_SharedByRuns, range]) -> tuple[list[RunOutcome], AuditFailure | None]:
@@ -251,7 +257,11 @@ def _train_run(implementation: Implementation, shared: _SharedByRuns, index: int
     trained = train_through_contract(implementation, request)
     if not world.observes_updates:
         log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
-        return RunOutcome(score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device)
+        # A world that scores the record reads it through the designated model: checked as the one-run audit does.
+        not_designated = designated_model_defect(trained, request) if world.score in RECORD_SCORES else None
+        return RunOutcome(
+            score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device, not_designated=not_designated
+        )
     if not handed_over:
         raise UpdatesNotHandedOver(
             f"it hands over no updates (Request.observe_update), so the {world.name} world, whose adversary sees "
@@ -290,6 +300,12 @@ def run_two_world_audit(
     training when no curve test can apply. ``curve_for_claim`` gives the trade-off curve a claim asserts
     (the default only for full batches, where GDP is exact; ``None``: no curve test); plug in another to
     test a curve for q < 1.
+
+    Both tests hold at the δ the runs' claims state (the largest, should they differ), as the one-run
+    audits do; the requested δ only sizes the audit before training. A world whose score reads the record
+    (:data:`~dpverify.canaries.worlds.RECORD_SCORES`) checks each black box is the designated model
+    (:func:`~dpverify.audits.steps.designated_model_defect`); one that is not cannot pass (its power is
+    blind, so the verdict is ``undecided``).
 
     The audit designates the public normaliser: unless ``hyperparameters`` carries an
     ``expected_batch_size``, every run in both worlds is asked to divide by q·|D|, so that a correct
@@ -365,11 +381,15 @@ def run_two_world_audit(
     converted: dict[tuple, tuple[float, str]] = {}
     runs_claimed: list[ClaimedRun] = []
     stopped: TwoWorldBound | None = None  # the bound of the look that refuted the claim before the last
+    claimed_deltas: set[float] = set()
+    not_designated: str | None = None
     try:
         for index, outcome in enumerate(outcomes):
             which = WORLDS[index % 2]
             scores[which].append(outcome.score)
             claim = outcome.claim
+            claimed_deltas.add(claim.delta)
+            not_designated = not_designated or outcome.not_designated
             key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
                    claim.relation)  # fmt: skip
             if key not in converted:  # converting a claim may run an accountant: once per distinct claim
@@ -382,7 +402,7 @@ def run_two_world_audit(
                 say(f"{(index + 1) // 2} of {runs} runs per world")
             look = next((c for r, c in looks[:-1] if 2 * r == index + 1), None)
             if look is not None:
-                stopped = _early_refutation(scores, claims, curves, delta=delta, confidence=look)
+                stopped = _early_refutation(scores, claims, curves, delta=max(claimed_deltas), confidence=look)
                 if stopped is not None:
                     say(f"refuted at the look after {(index + 1) // 2} runs per world: stopping")
                     break
@@ -413,6 +433,11 @@ def run_two_world_audit(
     finally:
         outcomes.close()  # after a failure, the runs not started are not trained
 
+    # Both tests hold at the δ the claims are stated at (design rule 8), not the δ requested: a claim at the
+    # larger of the runs' δ is implied by each of them, so testing it refutes no true claim.
+    delta = max(claimed_deltas)
+    eps_ceiling, mu_ceiling = two_world_ceiling(runs, delta=delta, confidence=final_confidence)
+    common.update(delta=delta, epsilon_ceiling=eps_ceiling, mu_ceiling=mu_ceiling)
     eps_d, eps_dprime = claims["d"].pop(), claims["dprime"].pop()
     claimed = max(eps_d, eps_dprime)
     claimed_mu = None if any(mu is None for mu in mus) else max(mus)
@@ -427,17 +452,24 @@ def run_two_world_audit(
     bound, violated = (stopped, True) if stopped is not None else tested(scores["d"], scores["dprime"])
     cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=final_confidence))
     verdict = "violation" if violated else "undecided" if cannot else "pass"
-    weakest = max(runs_claimed, key=gdp_mu)  # the claim the worlds' pair asserts least of
-    power = None if stopped is not None or world.score not in RECORD_SCORES else measure_power(
-        weakest,
-        np.array(scores["d"] + scores["dprime"]),
-        np.repeat([-1, 1], [len(scores["d"]), len(scores["dprime"])]),
-        smallest_deficit=lambda fraction: two_world_deficit(
-            weakest, fraction=fraction, runs=runs, refutes=lambda d, dprime: tested(d, dprime)[1], seed=seed
-        ),
-        either_direction=True,
-    )
-    verdict, power = judge(verdict, power)
+    failures: list[tuple[str, str]] = []
+
+    def measure() -> AuditPower | None:
+        if stopped is not None or world.score not in RECORD_SCORES:
+            return None
+        weakest = max(runs_claimed, key=gdp_mu)  # the claim the worlds' pair asserts least of
+        return measure_power(
+            weakest,
+            np.array(scores["d"] + scores["dprime"]),
+            np.repeat([-1, 1], [len(scores["d"]), len(scores["dprime"])]),
+            smallest_deficit=lambda fraction: two_world_deficit(
+                weakest, fraction=fraction, runs=runs, refutes=lambda d, dprime: tested(d, dprime)[1], seed=seed
+            ),
+            either_direction=True,
+            not_designated=not_designated,
+        )
+
+    verdict, power = power_beside_verdict(verdict, measure, failures)
     return TwoWorldResult(
         **common,
         claimed_epsilon=claimed,
@@ -452,6 +484,7 @@ def run_two_world_audit(
         scores_d=_counted_statistic(scores["d"], bound),
         scores_dprime=_counted_statistic(scores["dprime"], bound),
         power=power,
+        auxiliary_failures=tuple(failures),
     )
 
 
@@ -557,5 +590,6 @@ def run_two_world_design(
         power=outcome.power,
         observation=outcome.observation,
         not_run=outcome.not_run,
+        auxiliary_failures=outcome.auxiliary_failures,
     )
 
