@@ -33,6 +33,8 @@ if KERAS_BACKEND=jax python3 -c "import jax_privacy, keras" 2>/dev/null; then
 else
   echo "== jax: skipped, jax_privacy or keras is not importable here"
 fi
+# The fixed-batch world (every released update seen) on CUDA: the reference and Opacus' documented shuffled batches.
+step 120 fixed-batch-cuda "${audit[@]}" reference-dpsgd opacus-shuffled-batches --profile quick --worlds fixed_batch
 # The quick profile (what CI runs on a CPU) on CUDA: correct paths and a D1 variant of each model.
 step 80 quick-cuda "${audit[@]}" reference-dpsgd opacus-ghost opacus-hooks opacus-no-noise opacus-lm opacus-lm-hooks \
   opacus-lm-no-noise --profile quick --worlds none
