@@ -21,7 +21,7 @@ step() {
 }
 audit=(python3 -m dpverify audit --seed 0 --device cuda)
 # The gpu profile: 250 000 Dirac canaries in 25 runs of 10 000; correct paths, then a D1, a D2 and a D3 variant.
-step 200 gpu-profile "${audit[@]}" reference-dpsgd opacus-ghost opacus-hooks opacus-no-noise opacus-batch-clipping \
+step 180 gpu-profile "${audit[@]}" reference-dpsgd opacus-ghost opacus-hooks opacus-no-noise opacus-batch-clipping \
   opacus-accountant-steps --profile gpu --worlds none
 # The paper's setting: an MLP with 10^5 hidden units, m = 10^4, q = 0.1, 500 steps.
 step 80 paper-profile "${audit[@]}" opacus-ghost opacus-no-noise --profile paper --worlds none
@@ -33,6 +33,8 @@ if KERAS_BACKEND=jax python3 -c "import jax_privacy, keras" 2>/dev/null; then
 else
   echo "== jax: skipped, jax_privacy or keras is not importable here"
 fi
+# The fixed-batch world (every released update seen) on CUDA: the reference and Opacus' documented shuffled batches.
+step 100 fixed-batch-cuda "${audit[@]}" reference-dpsgd opacus-shuffled-batches --profile quick --worlds fixed_batch
 # The quick profile (what CI runs on a CPU) on CUDA: correct paths and a D1 variant of each model.
 step 80 quick-cuda "${audit[@]}" reference-dpsgd opacus-ghost opacus-hooks opacus-no-noise opacus-lm opacus-lm-hooks \
   opacus-lm-no-noise --profile quick --worlds none
