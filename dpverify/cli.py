@@ -381,7 +381,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in chosen if impl.info.name not in delegated]
     if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
-    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args))
+    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args), every_update=args.design is None)
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.
     counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)
@@ -568,21 +568,26 @@ def _nodeid(audit: Any) -> str:
 
 def _audit_name(audit: Any) -> str:
     """An audit as the table and the progress lines name it: the implementation, and the world if any."""
+    if audit.every_update:
+        return f"{audit.implementation_name} every-update"
     return audit.implementation_name if audit.world is None else f"{audit.implementation_name} two-world {audit.world}"
 
 
 def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session: Any) -> list[tuple[Any, Any, Any]]:
     """``(gate audit, implementation, audit config)`` for every planned audit, all built (and so checked)
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
-    of audits. A two-world audit of the gate takes, of the settings, only those its world lets change."""
-    from dpverify.config import gate_world_config
+    of audits. A two-world or every-update audit of the gate takes, of the settings, only those its design
+    lets change."""
+    from dpverify.config import every_update_config, gate_world_config
     from dpverify.registry import get_implementation
 
     plan = []
     for audit in audits:
         implementation = get_implementation(audit.implementation_name)
         try:
-            if audit.world is None:
+            if audit.every_update:
+                config = every_update_config(profile, overrides)
+            elif audit.world is None:
                 config = _config_for(implementation, profile, overrides)
             else:
                 config = gate_world_config(profile, audit.world, overrides)

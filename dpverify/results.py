@@ -61,6 +61,11 @@ class AuditResult:
     ``confidence`` is this audit's own level after the session has divided its level among its audits.
 
     ``threshold`` (two-world design only) is where the (ε, δ) test split the runs' scores.
+
+    ``observed`` is what the audit's adversary saw (design rule 16): ``"final model"`` (the black box
+    after training) or ``"every update"`` (the parameters after every step). ``not_run`` says why an audit
+    whose adversary needs what the trainer did not hand over did not run: its verdict is then
+    ``undecided``, never a pass.
     """
 
     implementation: str
@@ -97,6 +102,8 @@ class AuditResult:
     test_accuracy: float | None = None
     power: AuditPower | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    observed: str = "final model"
+    not_run: str | None = None
     scores: np.ndarray | None = field(default=None, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
     bound_by_guesses: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
@@ -114,6 +121,8 @@ class AuditResult:
             "detectability": self.detectability,
             "design": self.design,
             "relation": self.relation,
+            "observed": self.observed,
+            "not_run": self.not_run,
             "claimed_epsilon": _json_float(self.claimed_epsilon),
             "library_epsilon": _json_float(self.library_epsilon),
             "claim_derivation": self.claim_derivation,
@@ -166,8 +175,14 @@ class AuditResult:
                 f"{self.implementation}: verdict ERROR ({self.design} design, {self.relation} relation, m = {self.m}). "
                 f"The audit could not run: {self.error}"
             )
+        if self.not_run:
+            return (
+                f"{self.implementation}: verdict UNDECIDED ({self.design} design, {self.relation} relation, adversary "
+                f"saw: {self.observed}). Not run: {self.not_run}"
+            )
         head = (
-            f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation). "
+            f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation, "
+            f"adversary saw: {self.observed}). "
             f"Claimed ε = {self.claimed_epsilon:.4g} at δ = {self.delta:g}; "
             f"audit lower bound ε_L = {self.epsilon_lower_bound:.4g} at {self.confidence:.4%} confidence "
             f"({self.correct} of {self.guesses} {self._counted}, {self.estimator} bound); "
@@ -235,6 +250,8 @@ class AuditResult:
         the claim and the signal its canaries carried."""
         if self.verdict == "error":
             return f"error: {(self.error or '').splitlines()[0]}"
+        if self.not_run:
+            return f"undecided: not run: {self.not_run}"
         tests = f"ε_L = {self.epsilon_lower_bound:.3f} (ε, δ test)"
         if self.curve_epsilon_lower_bound is not None:
             p = "" if self.curve_p_value is None else f", p = {self.curve_p_value:.2g}"

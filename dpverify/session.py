@@ -290,9 +290,12 @@ def outcome_as_expected(result: dict[str, Any]) -> bool:
 
 
 def _design(result: dict[str, Any]) -> str:
-    """The design, with its world for a two-world audit (``two_world:dataset_size``)."""
+    """The design, with its world for a two-world audit (``two_world:dataset_size``) and what the adversary
+    saw when it is more than the final model (``inclusion:every_update``)."""
     if result["design"] == "two_world":
         return f"two_world:{result['config']['worlds']['world']}"
+    if result.get("observed", "final model") != "final model":
+        return f"{result['design']}:{result['observed'].replace(' ', '_')}"
     return result["design"]
 
 
@@ -328,6 +331,8 @@ def _note(result: dict[str, Any]) -> str:
     needs."""
     if result["verdict"] == "error" and result["error"]:
         return _clipped(result["error"].splitlines()[0])
+    if result.get("not_run"):
+        return _clipped(f"not run: {result['not_run']}")
     blind = (result.get("power") or {}).get("blind")
     if result["verdict"] == "undecided" and blind:
         return _clipped(f"could not see: {blind}")

@@ -35,6 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", "dp_audit_two_world: a ready-made two-world (many-run) audit")
+    config.addinivalue_line("markers", "dp_audit_every_update: a ready-made audit whose adversary sees every update")
     config.stash[NAMED_KEY] = _take_named_audits(config)
     try:
         config.stash[SELECTION_KEY] = options.audit_selection(config)
@@ -133,11 +134,12 @@ def _check_settings(session: AuditSession) -> None:
     if not session.settings:
         return
     from dpverify.canaries.worlds import WORLD_KINDS
-    from dpverify.pytest.fixture import audit_config, world_config
+    from dpverify.pytest.fixture import audit_config, gate_every_update_config, world_config
 
     worlds = {"applicable": WORLD_KINDS, "none": ()}.get(session.worlds, session.worlds)
     try:
         audit_config(session, {})
+        gate_every_update_config(session)
         for world in worlds:
             world_config(session, world)
     except ValueError as exc:
