@@ -153,10 +153,13 @@ class NumpyDPSGD(Implementation):
     the steps (:func:`claim_for`'s accountant, valid for any q), at the requested or calibrated σ.
 
     ``own_hidden_width`` trains that MLP whatever was requested: a trainer that builds its own model.
-    ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would."""
+    ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would.
+    ``hands_over_updates``: it calls ``request.observe_update`` before its first step and after each (in
+    torch's layout); a trainer that does not is audited on its final model only."""
 
     own_hidden_width: int | None = None
     softmax_only: bool = False
+    hands_over_updates: bool = True
     info: ImplementationInfo = field(default_factory=lambda: ImplementationInfo(name="test-numpy-dpsgd", library="numpy"))
 
     def train(self, request: TrainingRequest) -> TrainedModel:
@@ -171,6 +174,7 @@ class NumpyDPSGD(Implementation):
         params = _initial_parameters(width, request.dimension, request.num_classes, rng)
         features = request.features.astype(np.float64)
         onehot = np.eye(request.num_classes)[request.labels]
+        self._hand_over(request, 0, params)
         for step in range(1, hp.steps + 1):
             batch = np.flatnonzero(rng.random(request.num_records) < hp.sampling_rate)
             grads = _per_record_gradients(params, features[batch], onehot[batch])
@@ -179,6 +183,7 @@ class NumpyDPSGD(Implementation):
             for p, g in zip(params, grads):
                 noisy = np.tensordot(factors, g, axes=1) + rng.normal(0.0, sigma * hp.max_grad_norm, p.shape)
                 p -= hp.learning_rate * noisy / hp.normaliser(request.num_records)
+            self._hand_over(request, step, params)
             if request.progress is not None:
                 request.progress(step, hp.steps)
         epsilon = ClaimedRun(noise_multiplier=sigma, steps=hp.steps).epsilon(hp.delta)
@@ -196,6 +201,11 @@ class NumpyDPSGD(Implementation):
             return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
 
         return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")
+
+
+    def _hand_over(self, request: TrainingRequest, step: int, params: list[np.ndarray]) -> None:
+        if self.hands_over_updates and request.observe_update is not None:
+            request.observe_update(step, tuple(np.array(p.T) for p in params))  # (in, out) -> nn.Linear's (out, in)
 
 
 def _initial_parameters(width: int, dimension: int, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
