@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
         "that applies to the implementation, see `dpverify list`), none, or comma-separated world names "
         "(default: applicable; none when --design is given)",
     )
+    audit.add_argument(
+        "--every-update",
+        choices=("on", "off"),
+        default=None,
+        help="the every-update audit run beside each classifier's one-run audit: its adversary sees the "
+        "parameters after every step and tests a claim at q < 1 at its own curve (default: on; off when "
+        "--design is given)",
+    )
     audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design), >= 1")
     audit.add_argument("--epochs", type=int, default=None, help=">= 1")
     audit.add_argument(
@@ -328,7 +336,7 @@ def _expectation(row: dict[str, Any]) -> str:
 #: decides an audit. The others are this run's alone (what to audit, where the report goes, the comparison).
 FORWARDED_OPTIONS: tuple[tuple[str, str], ...] = (
     ("imports", "--import"), ("profile", "--profile"), ("epsilon", "--epsilon"), ("design", "--design"),
-    ("worlds", "--worlds"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
+    ("worlds", "--worlds"), ("every_update", "--every-update"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
     ("confidence", "--confidence"), ("seed", "--seed"), ("device", "--device"), ("plots", "--plots"),
     ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"), ("jobs", "--jobs"),
 )  # fmt: skip
@@ -381,7 +389,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in chosen if impl.info.name not in delegated]
     if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
-    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args), every_update=args.design is None)
+    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args), every_update=_every_update(args))
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.
     counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)
@@ -559,6 +567,11 @@ def _worlds(args: argparse.Namespace) -> str | tuple[str, ...]:
         return "none" if args.design is not None else "applicable"
     text = args.worlds.strip()
     return text if text in ("applicable", "none") else tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _every_update(args: argparse.Namespace) -> bool:
+    """``--every-update``: on by default, off when ``--design`` asks for one design."""
+    return args.design is None if args.every_update is None else args.every_update == "on"
 
 
 def _nodeid(audit: Any) -> str:

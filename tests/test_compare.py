@@ -175,14 +175,14 @@ def test_the_cli_compares_with_a_baseline(tmp_path, capsys):
     register_implementation(GaussianMechanism(claimed_epsilon=1.0, info=ImplementationInfo(name="cli-drifted", library="numpy")))
     try:
         base, now = tmp_path / "base.json", tmp_path / "now.json"
-        assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "1", "--report", str(base)]) == 0
+        assert main(["audit", "cli-drifted", "--worlds", "none", "--every-update", "off", "--seed", "1", "--report", str(base)]) == 0
         baseline = lowered(base, "cli-drifted")
         capsys.readouterr()
-        assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "2", "--compare", str(baseline), "--report", str(now)]) == 0
+        assert main(["audit", "cli-drifted", "--worlds", "none", "--every-update", "off", "--seed", "2", "--compare", str(baseline), "--report", str(now)]) == 0
         out = capsys.readouterr().out
         assert "comparison with the baseline:" in out and "ROSE significantly (p = " in out
         assert json.loads(now.read_text())["comparison"]["audits"][0]["rose"] is True
-        assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "2", "--compare", str(baseline), "--compare-fail"]) == 1
+        assert main(["audit", "cli-drifted", "--worlds", "none", "--every-update", "off", "--seed", "2", "--compare", str(baseline), "--compare-fail"]) == 1
         assert main(["audit", "cli-drifted", "--compare", str(tmp_path / "missing.json")]) == 2
         assert f"--compare: baseline {tmp_path / 'missing.json'}: no such file" in capsys.readouterr().err
     finally:

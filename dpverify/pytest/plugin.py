@@ -67,6 +67,7 @@ def _session(config: pytest.Config) -> AuditSession:
         epsilon=options.resolve(config, "epsilon"),
         implementations=options.resolve(config, "implementations"),
         worlds=options.resolve(config, "worlds"),
+        every_update=options.resolve(config, "every-update"),
         settings=_settings(options.resolve(config, "set")),
         strict=options.resolve(config, "strict"),
         timeout=options.resolve(config, "timeout"),
@@ -139,7 +140,8 @@ def _check_settings(session: AuditSession) -> None:
     worlds = {"applicable": WORLD_KINDS, "none": ()}.get(session.worlds, session.worlds)
     try:
         audit_config(session, {})
-        gate_every_update_config(session)
+        if session.every_update:
+            gate_every_update_config(session)
         for world in worlds:
             world_config(session, world)
     except ValueError as exc:
@@ -257,7 +259,7 @@ def _add_ready_made_audits(
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
         DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
-        for audit in gate_audits(infos, worlds=audit_session.worlds)
+        for audit in gate_audits(infos, worlds=audit_session.worlds, every_update=audit_session.every_update)
     ]
     if named:
         unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]
