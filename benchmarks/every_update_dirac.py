@@ -1,6 +1,7 @@
 """The every-update Dirac audit at q < 1: its reach against a perfect attacker, what it catches, its cost.
 
-Reach: at q ∈ {0.01, 0.1} (σ 1, the gate's runs and canaries, 2 epochs), the audit's two lower bounds on
+Reach: at q = 0.01 (1 epoch, 100 steps) and q = 0.1 (the gate's 8 epochs, 80 steps), σ 1 and the gate's
+runs and canaries, the audit's two lower bounds on
 reference-dpsgd's real run beside the same statistic on ideal scores (every canary shows at each step
 s_t = 1{sampled} + σZ, c_t = 1, scored against the claim: the perfect attacker of this observation model),
 over the same seeds. Detection: the share of simulated audits of the gate's setting that the audit's own
@@ -68,8 +69,8 @@ def main() -> None:
     gate = every_update_config("quick", {"device": "cpu"}).with_overrides(confidence=LEVEL)
     hp = gate.hyperparameters
     reach = []
-    for q in (0.01, 0.1):
-        config = gate.with_overrides(sampling_rate=q)
+    for q, epochs in ((0.01, 1), (0.1, hp.epochs)):
+        config = gate.with_overrides(sampling_rate=q, epochs=epochs)
         claim = ClaimedRun(noise_multiplier=hp.noise_multiplier, sampling_rate=q, steps=config.hyperparameters.steps)
         rng = np.random.default_rng(0)
         for seed in range(args.seeds):

@@ -10,6 +10,7 @@ from scipy import stats
 from dpverify.audits import run_audit
 from dpverify.canaries.updates import DiracUpdates, UpdatesMissing
 from dpverify.config import AuditConfig, profile_config
+from dpverify.session import AuditSession, audit_entry
 from dpverify.stats.curves import ClaimedRun
 from dpverify.stats.power import every_update_detection
 from dpverify.stats.scoring import GuessRule, subsampled_gaussian_log_likelihood_ratio
@@ -136,7 +137,13 @@ def test_a_trainer_that_hands_over_its_updates_is_audited_on_them_and_says_what_
 
 
 def test_a_trainer_that_hands_over_nothing_gets_the_every_update_audit_not_run_never_a_pass():
-    result = run_audit(NumpyDPSGD(hands_over_updates=False), _every_update_config(seed=5))
+    trainer = NumpyDPSGD(hands_over_updates=False)
+    result = run_audit(trainer, _every_update_config(seed=5))
     assert result.verdict == "undecided" and result.error is None, result.summary()
     assert "never called Request.observe_update" in result.not_run
     assert "Not run" in result.summary() and result.headline().startswith("undecided: not run")
+    session = AuditSession(enabled=True, profile="quick", confidence=0.95, seed=0, device="cpu", epsilon=2.0,
+                           implementations=(), report_path=None, plots_dir=None)  # fmt: skip
+    session.results.append(audit_entry(result, trainer))
+    row = session.summary_lines()[2]
+    assert "inclusion:every_update" in row and "not run: test-numpy-dpsgd: the trainer handed over no updates" in row

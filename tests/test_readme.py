@@ -46,12 +46,14 @@ def test_the_conftest_and_test_examples_run_as_written(pytester):
     pytest.importorskip("torch")
     pytester.makepyfile(mylib=MYLIB, **{name.removesuffix(".py"): block for name, block in FILES.items()})
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-seed=0", "-v")
-    # test_mine's two tests, test_contract's two, my-dpsgd's one-run audit and three two-world audits pass; the
-    # drawn test passes or, when a drawn configuration could not see, skips as undecided (draws vary outside CI)
+    # test_mine's two tests, test_contract's two, my-dpsgd's one-run audit, its every-update audit and three
+    # two-world audits pass; the drawn test passes or, when a drawn configuration could not see, skips as
+    # undecided (draws vary outside CI)
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == outcomes.get("errors", 0) == 0 and outcomes["passed"] >= 8
-    assert outcomes["passed"] + outcomes.get("skipped", 0) == 9
+    assert outcomes.get("failed", 0) == outcomes.get("errors", 0) == 0 and outcomes["passed"] >= 9
+    assert outcomes["passed"] + outcomes.get("skipped", 0) == 10
     result.stdout.fnmatch_lines(["*test_every_registered[[]my-dpsgd[]] PASSED*", "*dp-audit[[]my-dpsgd[]] PASSED*"])
+    result.stdout.fnmatch_lines(["*every-update[[]my-dpsgd[]] PASSED*"])
     result.stdout.fnmatch_lines(["*test_an_audit_of_an_unregistered_trainer PASSED*"])
     assert "test_my_dpsgd_keeps_its_claim PASSED" in result.stdout.str() or "could not see" in result.stdout.str()
     for world in ("dataset_size", "realised_batch", "worst_case_record"):
