@@ -1,6 +1,8 @@
 """The default gate: which two-world audits each implementation gets, how pytest collects and counts them,
 and that they find a third party's normaliser bugs without any option."""
 
+import json
+
 import pytest
 
 from dpverify.config import EVERY_UPDATE_SETTING, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
@@ -130,6 +132,19 @@ def test_pytest_collects_a_two_world_item_per_applicable_world_selectable_by_k_a
     none = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--dp-audit-worlds=none",
                "--collect-only", "-q")  # fmt: skip
     none.stdout.fnmatch_lines(["*2 tests collected*"])
+
+
+def test_an_every_update_audit_of_a_trainer_that_hands_nothing_over_is_counted_and_skipped_as_not_run(project, tmp_path):
+    report = tmp_path / "report.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "-m", "dp_audit_every_update",
+                 "-rs", f"--dp-audit-report={report}")  # fmt: skip
+    result.assert_outcomes(skipped=1, deselected=4)
+    result.stdout.fnmatch_lines(["*Not run: third-party-private: the trainer handed over no updates*"])
+    data = json.loads(report.read_text())
+    assert data["planned_audits"] == 1 and data["audits"][0]["observed"] == "every update"
+    off = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--dp-audit-every-update=false",
+              "--collect-only", "-q")  # fmt: skip
+    off.stdout.fnmatch_lines(["*4 tests collected*"])
 
 
 def test_a_bad_worlds_option_is_a_usage_error_naming_it(project):
