@@ -7,7 +7,7 @@ s_t = 1{sampled} + σZ, c_t = 1, scored against the claim: the perfect attacker 
 over the same seeds. Detection: the share of simulated audits of the gate's setting that the audit's own
 decision refutes when the run was not the one claimed (too few steps accounted, a q four times too small,
 half the noise; the session's per-audit level of a 40-audit plan), and the gate's audit of real
-implementations (opacus-accountant-steps must be refuted, the others pass). Time: wall and CPU seconds of
+implementations (opacus-accountant-steps and opacus-accountant-rate must be refuted, the others pass). Time: wall and CPU seconds of
 one gate audit per implementation.
 
     PYTHONPATH=$PWD:$PWD/plugins .venvs/torch/bin/python benchmarks/every_update_dirac.py --seeds 3 --audits 20
@@ -95,7 +95,7 @@ def main() -> None:
         detection.append(f"| {case} | σ {stated.noise_multiplier:g}, q {stated.sampling_rate:g}, {stated.steps} steps | {share:.0%} |")
         print(detection[-1], flush=True)
     timing = []
-    for name in ("reference-dpsgd", "opacus-ghost", "opacus-hooks", "opacus-accountant-steps"):
+    for name in ("reference-dpsgd", "opacus-ghost", "opacus-hooks", "opacus-accountant-steps", "opacus-accountant-rate"):
         for seed in range(args.seeds):
             result, wall, cpu = timed_audit(name, gate.with_overrides(seed=seed))
             timing.append(f"| {name} | {seed} | {result.verdict} | {result.epsilon_lower_bound:.2f} | {result.curve_epsilon_lower_bound:.2f} | "

@@ -293,6 +293,27 @@ class AccountantSkipsSteps(Tweak):
         run.optimizer.attach_step_hook(every_kth_step)
 
 
+class AccountantUnderstatesRate(Tweak):
+    """Row 8: the accountant is told a sampling rate ``factor`` times too small (jax_privacy #287: q read
+    from the physical batch under gradient accumulation); a target ε is calibrated at that rate too."""
+
+    def __init__(self, factor: int = 4):
+        if factor < 2:
+            raise ValueError(f"factor must be >= 2, got {factor}")
+        self.factor = factor
+
+    def calibration_rate(self, rate: float) -> float:
+        return rate / self.factor
+
+    def apply(self, run: OpacusRun) -> None:
+        accountant, rate = run.engine.accountant, self.calibration_rate(1.0 / run.steps_per_epoch)
+
+        def understated_rate(optimizer):
+            accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=rate)
+
+        run.optimizer.attach_step_hook(understated_rate)
+
+
 class _ShuffledBatches:
     """Each pass: a fresh permutation of the records split into ``steps_per_epoch`` near-equal batches."""
 
@@ -377,6 +398,7 @@ TWEAKS: dict[str, type[Tweak]] = {
     "duplicated_rows": DuplicatedRows,
     "realised_batch": RealisedBatchNormalisation,
     "accountant_steps": AccountantSkipsSteps,
+    "accountant_rate": AccountantUnderstatesRate,
     "shuffled_batches": ShuffledBatches,
     "replace_one_claim": ReplaceOneClaim,
     "microbatches": Microbatches,
