@@ -138,7 +138,7 @@ def lowered(path: Path, implementation: str) -> Path:
 def test_pytest_compares_with_a_baseline_and_fails_on_a_rise_only_when_asked(pytester):
     pytester.makeconftest(CONFTEST)
     # m = 2000, not the profile's 10⁴: a fifth of the correct guesses is a significant rise at any size
-    common = ("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-worlds=none", "--dp-audit-implementations=steady,drifted", "--dp-audit-set=m=2000")
+    common = ("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-worlds=none", "--dp-audit-every-update=false", "--dp-audit-implementations=steady,drifted", "--dp-audit-set=m=2000")
     base = pytester.path / "base.json"
     pytester.runpytest(*common, "--dp-audit-seed=1", f"--dp-audit-report={base}").assert_outcomes(passed=2)
     baseline = lowered(base, "drifted")

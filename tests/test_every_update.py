@@ -9,6 +9,7 @@ from scipy import stats
 
 from dpverify.audits import run_audit
 from dpverify.canaries.updates import DiracUpdates, UpdatesMissing
+from dpverify.compare import match_key
 from dpverify.config import AuditConfig, profile_config
 from dpverify.session import AuditSession, audit_entry
 from dpverify.stats.curves import ClaimedRun
@@ -147,3 +148,9 @@ def test_a_trainer_that_hands_over_nothing_gets_the_every_update_audit_not_run_n
     session.results.append(audit_entry(result, trainer))
     row = session.summary_lines()[2]
     assert "inclusion:every_update" in row and "not run: test-numpy-dpsgd: the trainer handed over no updates" in row
+
+
+def test_a_baseline_made_before_audits_recorded_their_observation_matches_the_final_model_audit():
+    entry = {"implementation": "x", "nodeid": "n", "design": "inclusion", "config": {"seed": 1, "pooled_runs": 4}}
+    assert match_key(entry) == match_key({**entry, "config": {**entry["config"], "observe": "final_model"}})
+    assert match_key(entry) != match_key({**entry, "config": {**entry["config"], "observe": "every_update"}})
