@@ -88,7 +88,8 @@ def test_the_score_is_the_log_likelihood_ratio_of_a_member_sampled_with_probabil
         subsampled_gaussian_log_likelihood_ratio(signal, shown[:, :3], noise_multiplier=sigma, sampling_rate=q)
 
 
-#: The gate's q and a few epochs, at a level loose enough that a false alarm would show in few audits.
+#: The gate's q and σ over 2 epochs; the null simulation runs at a level loose enough that a false alarm
+#: would show in few audits.
 CLAIM = ClaimedRun(noise_multiplier=1.0, sampling_rate=0.1, steps=20)
 LOOSE = (0.9, 0.9)  # each test's confidence before the guess grid's Bonferroni: the audit's level 0.2
 
@@ -105,8 +106,9 @@ def test_null_simulation_scores_of_exactly_the_claimed_subsampled_mechanism_are_
 
 
 def test_a_halved_noise_at_q_one_tenth_is_caught_with_high_probability_in_simulation():
-    """σ/2 where σ is claimed, every step seen, at the gate's size (4 runs of 2500 canaries) and a session's
-    per-audit level (0.05 over 40 audits): refuted in at least 18 of 20 simulated audits. If the true
+    """σ/2 where σ is claimed, every step seen, at a quarter of the gate's runs (4 of 2500 canaries) and a
+    quarter of its steps, at a session's per-audit level (0.05 over 40 audits): refuted in at least 18 of 20
+    simulated audits. If the true
     detection rate were 0.8 or less the test would pass with probability < 0.21; below 0.7, < 0.04."""
     truth = CLAIM.with_noise(CLAIM.noise_multiplier / 2)
     level = 1 - 0.05 / 40 / 2
