@@ -418,11 +418,12 @@ def gate_world_config(profile: str, world: str, settings: dict[str, Any]) -> Aud
     return two_world_config(profile, world, **{k: v for k, v in settings.items() if k in TWO_WORLD_GATE_SETTINGS})
 
 
-#: What the default gate's every-update audit designates, fixed before any audit ran: Dirac canaries in runs
-#: of 2500 (the profile's clip norm and learning rate; the quick profile's for the MLP profiles) seen at
-#: every step of 4 epochs at q = 0.1 and σ = 1, so that the claim's own subsampled curve is tested: in
-#: simulation at the quick profile's 16 runs a claim of 1 step in 4 is refuted at p ≈ 1e-7 and a q four
-#: times too small or half the noise with certainty (benchmarks/results/every-update-dirac.md).
+#: What the default gate's every-update audit designates, fixed before the gate's audits ran (sized in
+#: simulation): Dirac canaries in runs of 2500 (the profile's clip norm and learning rate; the quick
+#: profile's for the MLP profiles) seen at every step of 8 epochs at q = 0.1 and σ = 1, so that the claim's
+#: own subsampled curve is tested: at the quick profile's 16 runs, simulated audits of a claim of 1 step in
+#: 4, of a q four times too small and of half the noise were refuted in 20 of 20, a correct claim in 0 of
+#: 20 (benchmarks/results/every-update-dirac.md; 4 epochs left 1 step in 4 at p ≈ 1e-3 to 5e-5).
 #: Guesses on the members' side only, at three counts: a subsampled Gaussian's privacy loss is lopsided
 #: (a member's sampled steps show, a non-member has nothing to show), and the separation lives in the
 #: top 2–10 % of the scores.
