@@ -20,6 +20,9 @@ DATA_DESIGNS: tuple[str, ...] = ("multitask", "in_distribution", "mislabeled")
 SYNTHETIC_DESIGNS: tuple[str, ...] = ("inclusion", "pair")
 DESIGNS: tuple[str, ...] = SYNTHETIC_DESIGNS + DATA_DESIGNS + ("two_world",)
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+Observation = Literal["final_model", "every_update"]
+#: What an audit's adversary sees (design rule 16), and how the report says it.
+OBSERVATIONS: dict[str, str] = {"final_model": "final model", "every_update": "every update"}
 DESIGN_RELATION = {
     "inclusion": "add_remove",
     "pair": "replace_one",
@@ -52,6 +55,14 @@ class AuditConfig:
     O(1) audit with m real records (correctly or wrongly labelled) each included with probability ½,
     scored by the loss of their label (add/remove).
 
+    ``observe="every_update"`` gives the adversary every released update, not only the final model (what
+    the accountant's ε bounds): the trainer hands its parameters over after each step
+    (:attr:`~dpverify.contract.Request.observe_update`) and each Dirac canary is scored by the likelihood
+    ratio of its own Poisson-subsampled Gaussian steps (:mod:`dpverify.canaries.updates`), so a claim at
+    q < 1 is tested at its own curve rather than the final model's looser one. It needs the inclusion
+    design, Dirac canaries and softmax regression; the normaliser is designated as q·m (the members'
+    count is secret), and a trainer that hands nothing over gets the audit "not run" (undecided).
+
     ``two_world`` trains the implementation ``worlds.runs`` times on each of two crafted neighbouring
     datasets (:class:`~dpverify.canaries.worlds.TwoWorldConfig`) with this config's model and training, and
     tests the scores of the runs (add/remove); it sees what one run cannot, e.g. a normaliser that reads
@@ -71,9 +82,13 @@ class AuditConfig:
     device: str = "auto"
     timeout: float | None = None
     pooled_runs: int = 1
+    observe: Observation = "final_model"
 
     def __post_init__(self) -> None:
         check_timeout(self.timeout)
+        check_choice("observe", self.observe, tuple(OBSERVATIONS))
+        if self.observe == "every_update":
+            self._check_every_update()
         check_int("pooled_runs", self.pooled_runs, low=1)
         if self.pooled_runs > 1 and self.design not in SYNTHETIC_DESIGNS:
             raise ValueError(
@@ -100,6 +115,20 @@ class AuditConfig:
             )
         if self.is_data_dependent and self.score != "auto":
             raise ValueError(f"score must be 'auto' for the {self.design!r} design (its score is fixed), got {self.score!r}")
+
+    def _check_every_update(self) -> None:
+        needs = {
+            "design='inclusion'": self.design == "inclusion",
+            "mode='dirac'": self.canaries.mode == "dirac",
+            "hidden_width=0": self.architecture.is_softmax_regression,
+            "score='auto'": self.score == "auto",
+        }
+        missing = [setting for setting, holds in needs.items() if not holds]
+        if missing:
+            raise ValueError(
+                "observe='every_update' reads each Dirac canary's own column of a softmax regression in the "
+                f"inclusion design; set {', '.join(missing)}"
+            )
 
     @property
     def relation(self) -> str:
@@ -153,7 +182,7 @@ HYPERPARAMETER_FIELDS = (
     "delta",
     "expected_batch_size",
 )
-TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout", "pooled_runs")
+TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout", "pooled_runs", "observe")
 GUESS_FIELDS = ("guesses", "sides")
 #: ``m`` goes to ``data`` instead of ``canaries`` when the (resulting) design is data-dependent.
 DATA_FIELDS = (
@@ -392,6 +421,35 @@ def gate_world_config(profile: str, world: str, settings: dict[str, Any]) -> Aud
     """:func:`two_world_config` with those of a run's ``settings`` (meant for every audit: ``--set``,
     ``--dp-audit-set``) that a gate world takes; the others are the one-run audits'."""
     return two_world_config(profile, world, **{k: v for k, v in settings.items() if k in TWO_WORLD_GATE_SETTINGS})
+
+
+#: What the default gate's every-update audit designates, fixed before the gate's audits ran (sized in
+#: simulation): Dirac canaries in runs of 2500 (the profile's clip norm and learning rate; the quick
+#: profile's for the MLP profiles) seen at every step of 8 epochs at q = 0.1 and σ = 1, so that the claim's
+#: own subsampled curve is tested: at the quick profile's 16 runs, simulated audits of a claim of 1 step in
+#: 4, of a q four times too small and of half the noise were refuted in 20 of 20, a correct claim in 0 of
+#: 20 (benchmarks/results/every-update-dirac.md; 4 epochs left 1 step in 4 at p ≈ 1e-3 to 5e-5).
+#: Guesses on the members' side only, at three counts: a subsampled Gaussian's privacy loss is lopsided
+#: (a member's sampled steps show, a non-member has nothing to show), and the separation lives in the
+#: top 2–10 % of the scores.
+EVERY_UPDATE_SETTING: dict[str, Any] = dict(
+    observe="every_update", noise_multiplier=1.0, sampling_rate=0.1, epochs=8, guesses=(0.02, 0.05, 0.1), sides="one"
+)
+#: Each profile's pooled runs of 2500 canaries in the every-update audit.
+EVERY_UPDATE_RUNS: dict[str, int] = {"quick": 16, "standard": 64, "gpu": 64, "mlp": 16, "paper": 64}
+#: The settings a session may change in the default gate's every-update audit; the rest is its design.
+EVERY_UPDATE_GATE_SETTINGS: tuple[str, ...] = ("m", "pooled_runs", "device", "timeout")
+
+
+def every_update_config(profile: str, settings: dict[str, Any]) -> AuditConfig:
+    """The default gate's every-update audit at ``profile`` (:data:`EVERY_UPDATE_SETTING`, :data:`EVERY_UPDATE_RUNS`),
+    with those of a run's ``settings`` (``--set``, ``--dp-audit-set``) among :data:`EVERY_UPDATE_GATE_SETTINGS`;
+    the others are the one-run audits'. It designates σ rather than a target ε, as the two-world worlds do."""
+    check_choice("profile", profile, PROFILE_NAMES)
+    base = PROFILES[profile] if PROFILES[profile].canaries.mode == "dirac" else PROFILES["quick"]
+    runs = EVERY_UPDATE_RUNS[profile]
+    chosen = {k: v for k, v in settings.items() if k in EVERY_UPDATE_GATE_SETTINGS}
+    return apply_overrides(base, {**EVERY_UPDATE_SETTING, "m": 2500 * runs, "pooled_runs": runs, **chosen})
 
 
 def parse_settings(pairs: Any) -> dict[str, Any]:

@@ -85,6 +85,8 @@ class AuditSession:
     settings: dict[str, Any] = field(default_factory=dict)
     #: The default gate's two-world audits: ``"applicable"``, ``"none"`` or world names (:mod:`dpverify.gate`).
     worlds: str | tuple[str, ...] = "applicable"
+    #: Whether the default gate runs each classifier's every-update audit (:mod:`dpverify.gate`).
+    every_update: bool = True
     strict: bool = False
     timeout: float | None = None
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
@@ -361,7 +363,7 @@ def _design(result: dict[str, Any]) -> str:
     design = result["design"]
     if design == "two_world":
         design = f"two_world:{(result.get('config') or {}).get('worlds', {}).get('world', '?')}"
-    return f"{design}@updates" if result.get("observation") == "every update" else design
+    return f"{design}@updates" if result.get("observed") == "every update" else design
 
 
 def _counted_cell(result: dict[str, Any]) -> str:

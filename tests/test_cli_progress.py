@@ -126,7 +126,7 @@ def numpy_dpsgd():
 
 
 def test_the_cli_log_has_a_handful_of_lines_per_short_audit(numpy_dpsgd, capsys):
-    assert main(["audit", "numpy-dpsgd", "--m", "200", "--worlds", "none"]) == 0
+    assert main(["audit", "numpy-dpsgd", "--m", "200", "--worlds", "none", "--every-update", "off"]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[1/1] numpy-dpsgd")]
     assert len(lines) == 2 and "training numpy-dpsgd on 200 canaries in 4 runs" in lines[0] and "pass (would catch a k ≥ " in lines[1]
 
@@ -154,7 +154,7 @@ def pytest_addoption(parser):
 @pytest.fixture
 def audited(pytester):
     pytester.makeconftest(PYTEST_CONFTEST)
-    pytester.makeini("[pytest]\ndp_audit_seed = 3\ndp_audit_worlds = none\ndp_audit_implementations = numpy-dpsgd\n")
+    pytester.makeini("[pytest]\ndp_audit_seed = 3\ndp_audit_worlds = none\ndp_audit_every_update = false\ndp_audit_implementations = numpy-dpsgd\n")
 
     def run(*args):
         # Without Hypothesis' plugin, which pytester would import anew in every run (seconds each).

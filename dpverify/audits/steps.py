@@ -25,6 +25,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from dpverify.config import OBSERVATIONS
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, StepProgress, TrainedModel, TrainingRequest
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict
 from dpverify.stats.accounting import optimistic_epsilon
@@ -301,6 +302,11 @@ class AuditFailure(Exception):
         self.device = device
 
 
+class ObservationMissing(AuditFailure):
+    """The trainer did not hand over what the audit's adversary observes (every update): the audit did not
+    run, and says so as verdict ``undecided`` (design rule 16), never a pass nor an error."""
+
+
 @dataclass
 class AuditClock:
     """When the audit started, and how many of its seconds were the auditor's own work."""
@@ -348,11 +354,16 @@ def result_fields(implementation: Implementation, config: AuditSettings, m: int)
         m=m,
         seed=config.seed,
         config=config.to_dict(),
+        observed=OBSERVATIONS[getattr(config, "observe", "final_model")],
     )
 
 
 def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
-    """Verdict ``error``: the audit could not run because ``failure`` happened."""
+    """Verdict ``error``: the audit could not run because ``failure`` happened; verdict ``undecided``,
+    with the reason in ``not_run``, when the failure is that the trainer did not hand over what the
+    audit's adversary observes (:class:`ObservationMissing`)."""
+    cause = f"{fields['implementation']}: {failure.cause}"
+    missing = isinstance(failure, ObservationMissing)
     return AuditResult(
         **fields,
         claimed_epsilon=math.nan,
@@ -360,11 +371,12 @@ def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFa
         guesses=0,
         correct=0,
         optimal_epsilon=audit_ceiling(config, fields["m"]),
-        verdict="error",
+        verdict="undecided" if missing else "error",
         device=failure.device or device,
         seconds=clock.seconds(),
         auditor_seconds=clock.auditor_seconds,
-        error=f"{fields['implementation']}: {failure.cause}",
+        error=None if missing else cause,
+        not_run=cause if missing else None,
     )
 
 

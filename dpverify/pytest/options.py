@@ -180,6 +180,14 @@ SETTINGS: tuple[Setting, ...] = (
         "WORLDS",
     ),
     Setting(
+        "every-update",
+        _flag,
+        True,
+        "collect each classifier's every-update audit beside its one-run audit (its adversary sees the "
+        "parameters after every step, so a claim at q < 1 is tested at its own curve); false: none",
+        "BOOL",
+    ),
+    Setting(
         "set",
         _assignments,
         (),

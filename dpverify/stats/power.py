@@ -37,9 +37,21 @@ from scipy import special
 
 from dpverify.stats.bounds import steinke_refutes
 from dpverify.stats.curves import ClaimedRun, combined_refutes, curve_refutes
-from dpverify.stats.scoring import GuessRule, correct_counts
+from dpverify.stats.scoring import GuessRule, correct_counts, subsampled_gaussian_log_likelihood_ratio
 
-__all__ = ["AuditPower", "Separation", "gdp_mu", "judge", "measure_power", "one_run_deficit", "separation", "simulated_detection", "two_world_deficit"]
+__all__ = [
+    "AuditPower",
+    "Separation",
+    "audit_refutes",
+    "every_update_detection",
+    "gdp_mu",
+    "judge",
+    "measure_power",
+    "one_run_deficit",
+    "separation",
+    "simulated_detection",
+    "two_world_deficit",
+]
 
 #: The detection probability k* promises.
 POWER = 0.8
@@ -216,23 +228,80 @@ def simulated_detection(
     members N(deficit·μ, 1) against N(0, 1), and guesses with ``guess_rule``; either test, at
     ``confidences`` as :func:`one_run_deficit` takes them. What :func:`one_run_deficit` predicts is checked
     against this (tests/test_power.py, benchmarks/power_check.py)."""
-    steinke, curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
-    total, run_counts, caught = int(sum(run_sizes)), guess_rule.run_counts(run_sizes), 0
-    counts = guess_rule.counts(total)
+    caught = 0
     for _ in range(audits):
         bits = [rng.choice(np.array([-1, 1], dtype=np.int8), size=m) for m in run_sizes]
         scores = [rng.standard_normal(m) + deficit * run.mu * (b == 1) for m, b in zip(run_sizes, bits)]
-        correct = correct_counts(np.concatenate(scores), np.concatenate(bits), counts, sides=guess_rule.sides)
-        if np.any(steinke_refutes(total, counts, correct, epsilon=claimed_epsilon, delta=delta, confidence=steinke)):
-            caught += 1
-            continue
-        per_run = np.array([correct_counts(s, b, row, sides=guess_rule.sides) for s, b, row in zip(scores, bits, run_counts)])
-        if len(run_sizes) == 1:
-            refuted = curve_refutes(total, run_counts[0], per_run[0], curve=run.curve(), confidence=curve_level)
-        else:
-            refuted = combined_refutes(run_sizes, run_counts, per_run, curve=run.curve(), confidence=curve_level)
-        caught += bool(np.any(refuted))
+        caught += audit_refutes(
+            scores, bits, run, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+        )
     return caught / audits
+
+
+def every_update_detection(
+    claim: ClaimedRun,
+    *,
+    truth: ClaimedRun,
+    run_sizes: tuple[int, ...],
+    guess_rule: GuessRule,
+    delta: float,
+    confidences: tuple[float, float],
+    audits: int,
+    rng: np.random.Generator,
+) -> float:
+    """The share of ``audits`` simulated every-update audits of Dirac canaries that the audit's own decision
+    refutes when the run ``claim`` states was in fact ``truth`` (its σ, q and steps): every canary of each
+    pooled run gets a fresh secret bit, and at each of truth's steps a member is sampled with truth's q
+    and shows s_t = 1{sampled} + σ·Z (c_t = 1: a clipped Dirac canary's whole gradient on its column, up to
+    a/√(a² + 1)), scored by its log-likelihood ratio under ``claim``
+    (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`) and tested against ``claim``'s
+    ε at ``delta`` and its curve. With ``truth == claim`` the scores come from exactly the claimed
+    mechanism: the null simulation of design rule 9."""
+    caught, claimed_epsilon = 0, claim.epsilon(delta)
+    for _ in range(audits):
+        bits = [rng.choice(np.array([-1, 1], dtype=np.int8), size=m) for m in run_sizes]
+        scores = []
+        for m, b in zip(run_sizes, bits):
+            sampled = (rng.random((m, truth.steps)) < truth.sampling_rate) & (b == 1)[:, None]
+            shown = sampled + truth.noise_multiplier * rng.standard_normal((m, truth.steps))
+            scores.append(
+                subsampled_gaussian_log_likelihood_ratio(
+                    np.ones_like(shown), shown, noise_multiplier=claim.noise_multiplier, sampling_rate=claim.sampling_rate
+                )
+            )
+        caught += audit_refutes(
+            scores, bits, claim, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+        )
+    return caught / audits
+
+
+def audit_refutes(
+    scores: list[np.ndarray],
+    bits: list[np.ndarray],
+    run: ClaimedRun,
+    *,
+    guess_rule: GuessRule,
+    claimed_epsilon: float,
+    delta: float,
+    confidences: tuple[float, float],
+) -> bool:
+    """The one-run audit's decision on each pooled run's ``scores`` and secret ``bits``: the (ε, δ) test
+    against ``claimed_epsilon`` on all of them, else the curve test of ``run`` (the runs' counts combined),
+    at ``confidences`` as :func:`one_run_deficit` takes them; the decision alone, without the search for
+    the weakest refuted member that the audit reports beside it."""
+    steinke, curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
+    run_sizes = tuple(len(s) for s in scores)
+    total, run_counts = int(sum(run_sizes)), guess_rule.run_counts(run_sizes)
+    counts = guess_rule.counts(total)
+    correct = correct_counts(np.concatenate(scores), np.concatenate(bits), counts, sides=guess_rule.sides)
+    if np.any(steinke_refutes(total, counts, correct, epsilon=claimed_epsilon, delta=delta, confidence=steinke)):
+        return True
+    per_run = np.array([correct_counts(s, b, row, sides=guess_rule.sides) for s, b, row in zip(scores, bits, run_counts)])
+    if len(run_sizes) == 1:
+        refuted = curve_refutes(total, run_counts[0], per_run[0], curve=run.curve(), confidence=curve_level)
+    else:
+        refuted = combined_refutes(run_sizes, run_counts, per_run, curve=run.curve(), confidence=curve_level)
+    return bool(np.any(refuted))
 
 
 def _percentile_counts(mean: np.ndarray, sd: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -293,6 +293,17 @@ VARIANTS: tuple[VariantSpec, ...] = (
         "D3, the weaker end of D2–D3",
     ),
     VariantSpec(
+        name="opacus-accountant-rate",
+        bug=8,
+        tweak="accountant_rate",
+        tweak_args={"factor": 4},
+        breaks="the accountant must be given the rate the batches are sampled at; here it is told q/4",
+        detectability="D3",
+        notes="the accountant's optimizer step hook records q/4 (jax_privacy #287: q read from the physical "
+        "batch of 4 accumulation steps), and a target ε is calibrated at q/4; at q = 1 the one-run audit sees "
+        "a claim for q = 1/4, at q < 1 the every-update audit tests the claim's own subsampled curve",
+    ),
+    VariantSpec(
         name="opacus-replace-one-claim",
         bug=10,
         tweak="replace_one_claim",

@@ -292,6 +292,27 @@ class AccountantSkipsSteps(Tweak):
         run.optimizer.attach_step_hook(every_kth_step)
 
 
+class AccountantUnderstatesRate(Tweak):
+    """Row 8: the accountant is told a sampling rate ``factor`` times too small (jax_privacy #287: q read
+    from the physical batch under gradient accumulation); a target ε is calibrated at that rate too."""
+
+    def __init__(self, factor: int = 4):
+        if factor < 2:
+            raise ValueError(f"factor must be >= 2, got {factor}")
+        self.factor = factor
+
+    def calibration_rate(self, rate: float) -> float:
+        return rate / self.factor
+
+    def apply(self, run: OpacusRun) -> None:
+        accountant, rate = run.engine.accountant, self.calibration_rate(1.0 / run.steps_per_epoch)
+
+        def understated_rate(optimizer):
+            accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=rate)
+
+        run.optimizer.attach_step_hook(understated_rate)
+
+
 class ShuffledBatches(Tweak):
     """Opacus' documented ``make_private(poisson_sampling=False)`` on a user's
     ``DataLoader(dataset, batch_size=B, shuffle=True)`` with B = ⌈N/k⌉ for k = 1/q batches an epoch (the
@@ -370,6 +391,7 @@ TWEAKS: dict[str, type[Tweak]] = {
     "duplicated_rows": DuplicatedRows,
     "realised_batch": RealisedBatchNormalisation,
     "accountant_steps": AccountantSkipsSteps,
+    "accountant_rate": AccountantUnderstatesRate,
     "shuffled_batches": ShuffledBatches,
     "replace_one_claim": ReplaceOneClaim,
     "microbatches": Microbatches,
