@@ -17,8 +17,8 @@ coordinate of a softmax regression): its score sums its clipped gradient over th
 takes it in, B ~ Binomial(T, q) for a member, plus the noise of every step. Standardised by the
 non-members' spread, a member scores :math:`x \cdot B/(qT) + Z` and a non-member Z, with x the expected
 separation; under a deficit k the noise shrinks k-fold, so x = k·μ̂ grows linearly in k (at q = 1, B = T
-and this is the Gaussian shift k·μ̂). μ̂ is taken at its lower confidence limit (``measure_power`` hands
-over ρ's lower limit, so μ̂ = ρ_low·μ): a k* from the point estimate is caught less than 0.8 of the time
+and this is the Gaussian shift k·μ̂). μ̂ is taken at its lower confidence limit (``measure_power`` states k*
+at ρ's lower limit, μ̂ = ρ_low·μ): a k* from the point estimate is caught less than 0.8 of the time
 whenever the estimate runs high. (The central-limit μ(σ/k) of a subsampled claim grows faster than
 linearly in k and stated k* caught 6–24 % of the time at q < 1.)
 
@@ -220,7 +220,7 @@ def one_run_deficit(
     confidences: tuple[float, float],
 ) -> float:
     """k* of a one-run audit (pooled runs of ``run_sizes`` canaries) whose canaries carry ``fraction`` of the
-    claimed signal (the caller passes ρ's lower limit): the least deficit k at which the expected separation
+    claimed signal: the least deficit k at which the expected separation
     k·ρ·μ reaches :func:`refuted_separation`'s. Detection depends on k only through that product, so the
     simulation is run once per configuration."""
     if not fraction > 0 or run.noise_multiplier == 0:
@@ -335,7 +335,7 @@ def two_world_deficit(
     seed: int,
 ) -> float:
     """k* of a two-world audit of ``runs`` runs per world of the claimed ``run`` whose scores carry
-    ``fraction`` of its signal (the caller passes ρ's lower limit): the least deficit at which the audit's
+    ``fraction`` of its signal: the least deficit at which the audit's
     own test ``refutes(scores_d, scores_dprime)`` refutes enough of :data:`TWO_WORLD_SIMULATIONS` simulated
     audits (:func:`_needed`): D scores N(0, 1), D′ scores N(k·ρ·μ·B/(qT), 1) with B ~ Binomial(T, q) the
     record's participations, the same draws at every k."""
@@ -370,10 +370,13 @@ def measure_power(
     deficit_stated: bool = True,
 ) -> AuditPower:
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
-    :func:`separation`, k* = ``smallest_deficit`` of ρ's lower limit, and why a pass could not see (``blind``): the scores
-    do not separate at all; ρ's whole interval lies below ``expected_signal`` (what the design carries in a
-    correct implementation; ``None``: not known for this design); or it would catch no deficit up to
-    :data:`LARGEST_DEFICIT`. ``either_direction``: the test reads the
+    :func:`separation`; k* at ρ's lower limit, ``smallest_deficit(ρ)``·ρ/ρ_low (detection depends on k only
+    through k·ρ, so this is k* of the lower limit; a k* of 1 there scales up, erring larger); and why a
+    pass could not see (``blind``): the scores do not separate at all; ρ's whole interval lies below
+    ``expected_signal`` (what the design carries in a correct implementation; ``None``: not known for this
+    design); or it would catch no deficit up to
+    :data:`LARGEST_DEFICIT` at the measured ρ (the lower limit may state none where the pass still saw:
+    a k* is a promise, blindness a finding). ``either_direction``: the test reads the
     scores either way up (a two-world threshold picks its direction), so ρ is the separation's size.
     ``not_designated``: the black box showed it is not the designated model (why), which blinds the audit
     whatever ρ. ``deficit_stated`` false: the design's scores under a deficit are not those of the model,
@@ -383,7 +386,8 @@ def measure_power(
     if either_direction and measured.mu < 0:
         measured = Separation(-measured.mu, -measured.high, -measured.low)
     fraction, low, high = (value / mu if mu > 0 else math.nan for value in (measured.mu, measured.low, measured.high))
-    deficit = smallest_deficit(low) if math.isfinite(low) else math.inf
+    deficit = smallest_deficit(fraction) if math.isfinite(fraction) else math.inf
+    promised = _deficit(deficit * fraction / low) if low > 0 and math.isfinite(deficit) else math.inf
     carried = f"its canaries carried {fraction:.0%} of the claimed signal (95% interval {low:.0%} to {high:.0%})"
     if not_designated:
         blind = f"{not_designated} ({carried})"
@@ -405,7 +409,7 @@ def measure_power(
         signal_fraction=fraction,
         signal_low=low,
         signal_high=high,
-        smallest_deficit=deficit if deficit_stated or math.isinf(deficit) else None,
+        smallest_deficit=promised if deficit_stated or math.isinf(promised) else None,
         blind=blind,
     )
 
