@@ -85,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20, help="audits of the deficit per cell")
     parser.add_argument("--first-seed", type=int, default=0, help="the deficit audits' first seed (another batch)")
+    parser.add_argument("--factor", type=float, default=1.0, help="set the deficit at this multiple of k* (below 1: is k* tight?)")
     parser.add_argument("--twins", type=int, default=3, help="audits of the correct implementation per cell (k*)")
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
     parser.add_argument("--rates", type=float, nargs="+", default=[0.1, 0.05, 1.0])
@@ -104,7 +105,7 @@ def main() -> None:
                 continue
             k = statistics.median(stated)
             seeds = range(args.first_seed, args.first_seed + args.seeds)
-            verdicts = [audit(deficit_implementation(name, k), q=q, seed=s).verdict for s in seeds]
+            verdicts = [audit(deficit_implementation(name, k * args.factor), q=q, seed=s).verdict for s in seeds]
             caught = sum(v == "violation" for v in verdicts)
             low, high = interval(caught, len(verdicts))
             spread = f"{min(stated):.2f}–{max(stated):.2f}"
@@ -124,10 +125,12 @@ def write(args: argparse.Namespace, rows: list[str], started: float) -> None:
         f"- device: cpu ({platform.machine()}, {os.cpu_count()} logical cores, no GPU; shared with other jobs)",
         f"- date: {datetime.date.today().isoformat()}",
         f"- command: `nice -n 10 python benchmarks/kstar_check.py --seeds {args.seeds} --first-seed {args.first_seed} "
-        f"--twins {args.twins} "
+        f"--twins {args.twins} --factor {args.factor:g} "
         f"--implementations {' '.join(args.implementations)} --rates {' '.join(f'{q:g}' for q in args.rates)}`",
         "",
         " ".join(__doc__.split("\n\n")[:2]).replace("\n", " "),
+        "",
+        f"Deficit set at {args.factor:g} × the median k*.",
         "",
         "| implementation | q | k* stated by the correct twin (median, range) | twin's ρ (median) | twin verdicts "
         "| deficit caught | rate | 95 % interval |",
