@@ -45,8 +45,8 @@ class ReferenceNoiseScaled(Implementation):
 
         hp = request.hyperparameters
         sigma = accounting.calibrate_noise_multiplier(hp.target_epsilon, hp.sampling_rate, hp.steps, hp.delta)
-        weaker = dataclasses.replace(request, hyperparameters=dataclasses.replace(hp, noise_multiplier=sigma / self.k, target_epsilon=None))
-        trained = train_reference(weaker, name=self.info.name)
+        weaker_noise = dataclasses.replace(hp, noise_multiplier=sigma / self.k, target_epsilon=None)
+        trained = train_reference(dataclasses.replace(request, hyperparameters=weaker_noise), name=self.info.name)
         claim = PrivacyClaim(
             epsilon=accounting.rdp_epsilon(sigma, hp.sampling_rate, hp.steps, hp.delta),
             delta=hp.delta,
@@ -85,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20, help="audits of the deficit per cell")
     parser.add_argument("--first-seed", type=int, default=0, help="the deficit audits' first seed (another batch)")
-    parser.add_argument("--factor", type=float, default=1.0, help="set the deficit at this multiple of k* (below 1: is k* tight?)")
+    parser.add_argument("--factor", type=float, default=1.0, help="the deficit as a multiple of k* (below 1: is k* tight?)")
     parser.add_argument("--twins", type=int, default=3, help="audits of the correct implementation per cell (k*)")
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
     parser.add_argument("--rates", type=float, nargs="+", default=[0.1, 0.05, 1.0])
