@@ -293,7 +293,9 @@ class AuditResult:
                 )
             return ""
         deficit = (
-            f"none up to {LARGEST_DEFICIT:g}×"
+            "not stated (no validated model of this design's scores under a deficit)"
+            if power.smallest_deficit is None
+            else f"none up to {LARGEST_DEFICIT:g}×"
             if math.isinf(power.smallest_deficit)
             else f"k ≥ {deficit_text(power.smallest_deficit)}"
         )
@@ -327,7 +329,7 @@ class AuditResult:
     @property
     def outcome(self) -> str:
         """The verdict with what a pass could catch: "pass (would catch a k ≥ 1.6 noise deficit)"."""
-        if self.verdict == "pass" and self.power is not None and math.isfinite(self.power.smallest_deficit):
+        if self.verdict == "pass" and self.power is not None and math.isfinite(self.power.smallest_deficit or math.inf):
             return f"pass (would catch a k ≥ {deficit_text(self.power.smallest_deficit)} noise deficit)"
         return self.verdict
 

@@ -655,6 +655,7 @@ def concluded_result(
             ),
             expected_signal=expected_signal(config),
             not_designated=not_designated,
+            deficit_stated=deficit_modelled(config),
         ),
         failures,
     )
@@ -709,6 +710,18 @@ def power_beside_verdict(
 #: 0.97 to 1.06 in both Opacus modes (benchmarks/results/language-separation.md). A pass whose interval lies
 #: below half of it could not see what the design promises.
 DIRAC_SIGNAL_FLOOR = 0.5
+
+
+def deficit_modelled(config: AuditSettings) -> bool:
+    """Whether k* is stated for ``config``'s design: Dirac canaries in softmax regression, the inclusion
+    design, where a canary's score is its participations times its clipped gradient plus the noise
+    (:mod:`dpverify.stats.power`), checked against real noise deficits (benchmarks/results/kstar-validation.md)."""
+    architecture = getattr(config, "architecture", None)
+    return (
+        getattr(config, "design", None) == "inclusion"
+        and getattr(getattr(config, "canaries", None), "mode", None) == "dirac"
+        and getattr(architecture, "hidden_width", None) == 0
+    )
 
 
 def expected_signal(config: AuditSettings) -> float | None:
