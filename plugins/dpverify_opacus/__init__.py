@@ -156,8 +156,12 @@ def _info(name: str, **fields: Any) -> ImplementationInfo:
     return ImplementationInfo(name=name, library="opacus", requires=_REQUIRES, extra="opacus", **fields)
 
 
+#: The layer designs both grad_sample_modes train (:class:`dpverify.contract.LayerArchitecture`).
+LAYERS = ("embedding", "linear_3d")
+
+
 def _correct(name: str, mode: str, notes: str) -> OpacusImplementation:
-    return OpacusImplementation(_info(name, notes=notes), grad_sample_mode=mode)
+    return OpacusImplementation(_info(name, notes=notes, layers=LAYERS), grad_sample_mode=mode)
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ class VariantSpec:
     tweak_args: Mapping[str, Any] = field(default_factory=dict)
     grad_sample_mode: str = "ghost"
     task: str = "classification"
+    layers: tuple[str, ...] = ()
 
     def build(self) -> OpacusImplementation:
         info = _info(
@@ -183,6 +188,7 @@ class VariantSpec:
             detectability=self.detectability,  # type: ignore[arg-type]
             notes=self.notes,
             task=self.task,
+            layers=self.layers,
         )
         kind = OpacusLanguageImplementation if self.task == "language" else OpacusImplementation
         return kind(info, grad_sample_mode=self.grad_sample_mode, tweak=self.tweak, tweak_args=self.tweak_args)
@@ -307,6 +313,34 @@ VARIANTS: tuple[VariantSpec, ...] = (
         breaks="noise must be fresh at every step; here the same noise vector is added at every step",
         detectability="D4",
         notes="the noise generator is reseeded before each DPOptimizer.add_noise; D4, the weaker end of D3–D4",
+    ),
+    VariantSpec(
+        name="opacus-ghost-embedding-norm",
+        bug=2,
+        tweak="undercounting_norm",
+        tweak_args={"layer": "embedding"},
+        breaks="each record's gradient must be clipped by its whole norm; here ghost clipping's Embedding norm "
+        "takes a token repeated within a record as separate rows, √(Σ_t |g_t|²), so a record of T equal tokens "
+        "is clipped at √T·C",
+        detectability="D2",
+        notes="Opacus' own Embedding norm sampler with each position's token offset to a token of its own, in "
+        "the run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the embedding layer "
+        "design (16 positions: sensitivity 4C), invisible to softmax regression",
+        layers=("embedding",),
+    ),
+    VariantSpec(
+        name="opacus-ghost-linear-bias-norm",
+        bug=2,
+        tweak="undercounting_norm",
+        tweak_args={"layer": "linear_3d"},
+        breaks="each record's gradient must be clipped by its whole norm; here ghost clipping's Linear bias norm "
+        "on a 3-D input is its 2-D formula, √(Σ_t |g_t|²), not the norm of the gradient summed over positions "
+        "(Opacus #751)",
+        detectability="D2",
+        notes="Opacus' own Linear norm sampler with the bias entry replaced, in the run's copy of "
+        "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (16 positions, "
+        "input 0.25: sensitivity 2.9C), invisible to softmax regression (2-D input)",
+        layers=("linear_3d",),
     ),
 )
 

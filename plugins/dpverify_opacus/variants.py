@@ -18,6 +18,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from opacus.grad_sample.embedding import compute_embedding_norm_sample
+from opacus.grad_sample.linear import compute_linear_norm_sample
+
 from dpverify.torch import MultiTaskMLP
 from dpverify_opacus._training import OpacusRun, Tweak, batch_fetching_loader, mix_into
 
@@ -366,6 +369,55 @@ class ReusedNoise(Tweak):
         mix_into(run.optimizer, reused_noise, dpverify_noise_seed=self.seed)
 
 
+def positions_as_rows_embedding(layer: nn.Embedding, activations, backprops):
+    """Opacus' own Embedding norm sampler, given each position's token as a token of its own (the id offset
+    by position × vocabulary), so that a token repeated within a record is not grouped: the record's norm
+    becomes √(Σ_t |g_t|²) instead of the norm of its row's summed gradient (the kind of per-layer formula bug
+    private-transformers and Opacus' norm samplers have had)."""
+    input_ids = activations[0].reshape(activations[0].shape[0], -1)
+    offsets = torch.arange(input_ids.shape[1], device=input_ids.device) * layer.num_embeddings
+    return compute_embedding_norm_sample(layer, [input_ids + offsets], backprops)
+
+
+def positions_as_rows_linear_bias(layer: nn.Linear, activations, backprops):
+    """Opacus' own Linear norm sampler, with the bias's norm on a 3-D input taken by its 2-D formula,
+    √(Σ_t |g_t|²), instead of the norm of the gradient summed over the positions: Opacus #751's wrong
+    bias norm. The weight's norm is the library's."""
+    norms = compute_linear_norm_sample(layer, activations, backprops)
+    if backprops.dim() == 3 and layer.bias is not None and layer.bias.requires_grad:
+        norms[layer.bias] = torch.sqrt(torch.einsum("n...i,n...i->n", backprops, backprops))
+    return norms
+
+
+#: The formula-breaking norm samplers by the layer type they replace Opacus' registered one for.
+UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[type, Callable]] = {
+    "embedding": (nn.Embedding, positions_as_rows_embedding),
+    "linear_3d": (nn.Linear, positions_as_rows_linear_bias),
+}
+
+
+class UndercountingNormSampler(Tweak):
+    """Row 2 for one layer type: ghost clipping's per-layer norm formula for ``layer`` takes a record's
+    sequence positions as separate rows (:data:`UNDERCOUNTING_NORM_SAMPLERS`), so it states too small a
+    norm and the record is clipped too weakly; the real gradient is still the whole one. The run's
+    ghost-clipping module gets its own copy of Opacus' ``NORM_SAMPLERS`` registry with the one entry
+    replaced (the class's registry, shared by every other run, is left alone)."""
+
+    supported_modes = ("ghost",)
+
+    def __init__(self, layer: str):
+        if layer not in UNDERCOUNTING_NORM_SAMPLERS:
+            raise ValueError(f"layer must be one of {', '.join(UNDERCOUNTING_NORM_SAMPLERS)}, got {layer!r}")
+        self.layer = layer
+
+    def apply(self, run: OpacusRun) -> None:
+        layer_type, sampler = UNDERCOUNTING_NORM_SAMPLERS[self.layer]
+        registry = type(run.module).NORM_SAMPLERS
+        if layer_type not in registry:
+            raise RuntimeError(f"{run.name}: this Opacus has no ghost-clipping norm sampler for {layer_type.__name__}")
+        run.module.NORM_SAMPLERS = {**registry, layer_type: sampler}
+
+
 TWEAKS: dict[str, type[Tweak]] = {
     "scaled_noise": ScaledNoise,
     "no_clipping": NoClipping,
@@ -381,6 +433,7 @@ TWEAKS: dict[str, type[Tweak]] = {
     "replace_one_claim": ReplaceOneClaim,
     "microbatches": Microbatches,
     "reused_noise": ReusedNoise,
+    "undercounting_norm": UndercountingNormSampler,
 }
 
 

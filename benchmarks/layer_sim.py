@@ -1,0 +1,70 @@
+"""How much of the claimed per-canary signal the layer designs reach, and what a norm formula that undercounts
+does to it: a numpy simulation, no DP library (the perfect-attacker ceiling of dpverify's layer designs).
+
+Both designs lift a record to a sequence of T equal positions and sum the layer's outputs over them, so a
+record's gradient on its own parameters is T times one position's, and a norm formula that takes the positions
+as separate rows (the squared norms summed, not the gradient summed first) states sqrt(T) times too little.
+
+- embedding: canary j is token j; its embedding row E_j (K = classes wide, zero) is its logits, T E_j.
+  Correct norm T |u| (u = softmax - onehot); the undercounting formula sqrt(T) |u| (repeated tokens not grouped).
+- linear_3d: canary j is s e_j at every position, label j k + y in its own block of k outputs of a
+  Linear(m -> m k) with bias (zero); logits T (W x + b). Its own parameters: row c of W at column j, and b_c.
+  Correct norm T |u| sqrt(1 + s^2); Opacus #751's bias formula sqrt(T) |u| for the bias part.
+
+Inclusion design, full batch (q = 1), `steps` DP-SGD steps, clipping C, noise sigma C, mean over m/2: the
+claimed run is mu-GDP with mu = sqrt(steps)/sigma. Printed: separation of members' and non-members' scores in
+units of the non-members' spread, over the claimed mu (1 = the whole claimed signal).
+
+    python benchmarks/layer_sim.py
+"""
+import numpy as np
+from scipy.special import log_softmax, softmax
+
+m, steps, C, lr, positions = 2000, 10, 0.5, 2.0, 16
+
+
+def run(design: str, *, mu_claim: float, undercount: bool, rng: np.random.Generator, s: float = 0.25, k: int = 10):
+    sigma = np.sqrt(steps) / mu_claim
+    member = rng.random(m) < 0.5
+    T = positions
+    if design == "embedding":
+        y = rng.integers(0, k, m)
+        E = np.zeros((m, k))  # row j: token j
+        onehot = np.eye(k)[y]
+        for _ in range(steps):
+            u = softmax(T * E, axis=1) - onehot
+            grad = T * u
+            true = np.linalg.norm(grad, axis=1)
+            stated = true / np.sqrt(T) if undercount else true
+            factor = np.minimum(1.0, C / stated) * member
+            E -= lr * (grad * factor[:, None] + rng.normal(0, sigma * C, E.shape)) / (m / 2)
+        logp = log_softmax(T * E, axis=1)
+        own = logp[np.arange(m), y]
+        score = own - (logp.sum(1) - own) / (k - 1)
+    else:
+        K = m * 2
+        y = 2 * np.arange(m) + rng.integers(0, 2, m)
+        W, b = np.zeros((K, m)), np.zeros(K)  # W[:, j] is input coordinate j
+        for _ in range(steps):
+            logits = T * (W * s + b[:, None])  # column j: canary j's logits
+            u = softmax(logits, axis=0)
+            u[y, np.arange(m)] -= 1.0
+            grad_W, grad_b = T * s * u, T * u  # canary j: column j of W, and all of b (mostly b_{y_j})
+            bias_norm2 = (grad_b**2).sum(0) / (T if undercount else 1)
+            stated = np.sqrt((grad_W**2).sum(0) + bias_norm2)
+            factor = np.minimum(1.0, C / stated) * member
+            W -= lr * (grad_W * factor + rng.normal(0, sigma * C, W.shape)) / (m / 2)
+            b -= lr * ((grad_b * factor).sum(1) + rng.normal(0, sigma * C, K)) / (m / 2)
+        logp = log_softmax(T * (W * s + b[:, None]), axis=0)
+        own = logp[y, np.arange(m)]
+        score = own - (logp.sum(0) - own) / (K - 1)
+    return (score[member].mean() - score[~member].mean()) / score[~member].std() / mu_claim
+
+
+if __name__ == "__main__":
+    rng = np.random.default_rng(0)
+    for design in ("embedding", "linear_3d"):
+        for mu in (0.5, 1.0, 2.0):
+            correct = run(design, mu_claim=mu, undercount=False, rng=rng)
+            buggy = run(design, mu_claim=mu, undercount=True, rng=rng)
+            print(f"{design}: claimed mu {mu}: separation/mu correct {correct:.2f}, undercounting formula {buggy:.2f}")
