@@ -1,7 +1,7 @@
 """How much of the claimed per-canary signal the layer designs reach, and what a norm formula that undercounts
 does to it: a numpy simulation, no DP library (the perfect-attacker ceiling of dpverify's layer designs).
 
-Both designs lift a record to a sequence of T equal positions and sum the layer's outputs over them, so a
+Both designs lift a record to a sequence of T equal positions (16 for the embedding, 9 for the linear layer) and sum the layer's outputs over them, so a
 record's gradient on its own parameters is T times one position's, and a norm formula that takes the positions
 as separate rows (the squared norms summed, not the gradient summed first) states sqrt(T) times too little.
 
@@ -9,7 +9,7 @@ as separate rows (the squared norms summed, not the gradient summed first) state
   Correct norm T |u| (u = softmax - onehot); the undercounting formula sqrt(T) |u| (repeated tokens not grouped).
 - linear_3d: canary j is s e_j at every position, label j k + y in its own block of k outputs of a
   Linear(m -> m k) with bias (zero); logits T (W x + b). Its own parameters: row c of W at column j, and b_c.
-  Correct norm T |u| sqrt(1 + s^2); Opacus #751's bias formula sqrt(T) |u| for the bias part.
+  Correct norm T |u| sqrt(1 + s^2); Opacus #751's bias formula sqrt(T) |u| for the bias part (s = 0.125).
 
 Inclusion design, full batch (q = 1), `steps` DP-SGD steps, clipping C, noise sigma C, mean over m/2: the
 claimed run is mu-GDP with mu = sqrt(steps)/sigma. Printed: separation of members' and non-members' scores in
@@ -20,13 +20,15 @@ units of the non-members' spread, over the claimed mu (1 = the whole claimed sig
 import numpy as np
 from scipy.special import log_softmax, softmax
 
-m, steps, C, lr, positions = 2000, 10, 0.5, 2.0, 16
+m, steps, C, lr = 2000, 10, 0.5, 2.0
+#: dpverify.config.LAYER_SETTINGS: positions T, and the linear layer's input s.
+POSITIONS, S = {"embedding": 16, "linear_3d": 9}, 0.125
 
 
-def run(design: str, *, mu_claim: float, undercount: bool, rng: np.random.Generator, s: float = 0.25, k: int = 10):
+def run(design: str, *, mu_claim: float, undercount: bool, rng: np.random.Generator, s: float = S, k: int = 10):
     sigma = np.sqrt(steps) / mu_claim
     member = rng.random(m) < 0.5
-    T = positions
+    T = POSITIONS[design]
     if design == "embedding":
         y = rng.integers(0, k, m)
         E = np.zeros((m, k))  # row j: token j

@@ -567,7 +567,9 @@ def _nodeid(audit: Any) -> str:
 
 
 def _audit_name(audit: Any) -> str:
-    """An audit as the table and the progress lines name it: the implementation, and the world if any."""
+    """An audit as the table and the progress lines name it: the implementation, and the world or layer if any."""
+    if audit.layer is not None:
+        return f"{audit.implementation_name} layer {audit.layer}"
     return audit.implementation_name if audit.world is None else f"{audit.implementation_name} two-world {audit.world}"
 
 
@@ -575,14 +577,16 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
     """``(gate audit, implementation, audit config)`` for every planned audit, all built (and so checked)
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
     of audits. A two-world audit of the gate takes, of the settings, only those its world lets change."""
-    from dpverify.config import gate_world_config
+    from dpverify.config import gate_layer_config, gate_world_config
     from dpverify.registry import get_implementation
 
     plan = []
     for audit in audits:
         implementation = get_implementation(audit.implementation_name)
         try:
-            if audit.world is None:
+            if audit.layer is not None:
+                config = gate_layer_config(profile, audit.layer, overrides)
+            elif audit.world is None:
                 config = _config_for(implementation, profile, overrides)
             else:
                 config = gate_world_config(profile, audit.world, overrides)

@@ -386,15 +386,17 @@ def profile_config(name: str, **overrides: Any) -> AuditConfig:
 #: The canary mode whose canaries own a layer's parameters (:func:`check_layer_canaries`).
 LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels"}
 #: What the default gate designates in each layer design at the quick profile, fixed before any audit ran:
-#: the Dirac quick profile's training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on 16 positions, so
-#: that a formula that takes the positions as separate rows states √16 = 4 times too little for the
-#: embedding and 2.9 times for the linear layer (s = 0.25 on its weight, benchmarks/layer_sim.py).
-#: ``embedding``: 4 runs of 1000 Dirac tokens, 10 classes; ``linear_3d``: 8 runs of 500 canaries, each
-#: owning 2 of the run's 1000 labels, one input feature of 0.25 (its cost grows with the run's canaries
-#: times its labels, so its runs are smaller).
+#: the Dirac quick profile's training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions, so
+#: that a formula that takes the positions as separate rows states too little by √16 = 4 for the embedding
+#: and by 2.8 for the linear layer (T = 9 and an input of 0.125, whose weight's share of the norm the bias
+#: formula does not touch; benchmarks/layer_sim.py). ``embedding``: 4 runs of 1000 Dirac tokens, 10 classes;
+#: ``linear_3d``: 8 runs of 500 canaries, each owning 2 of its run's 1000 labels, one input feature (its cost
+#: grows with a run's canaries times its labels times T, so its runs and T are smaller).
 LAYER_SETTINGS: dict[str, dict[str, Any]] = {
-    "embedding": dict(m=4000, pooled_runs=4, num_classes=10, mode="dirac", feature_scale=1.0),
-    "linear_3d": dict(m=4000, pooled_runs=8, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.25),
+    "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
+    "linear_3d": dict(
+        m=4000, pooled_runs=8, positions=9, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.125
+    ),
 }
 #: Each profile's canaries of a layer design, as a multiple of the quick setting's (more pooled runs).
 LAYER_RUNS_SCALE: dict[str, int] = {"quick": 1, "standard": 10, "gpu": 10, "mlp": 1, "paper": 10}
@@ -415,6 +417,16 @@ def layer_config(profile: str, layer: str, **overrides: Any) -> AuditConfig:
     if profile != "quick":
         base = dataclasses.replace(base, timeout=PROFILES[profile].timeout)
     return apply_overrides(base, {**setting, **overrides})
+
+
+#: The settings a session may change in the default gate's layer audits; the rest is the layer's design.
+LAYER_GATE_SETTINGS: tuple[str, ...] = ("m", "pooled_runs", "positions", "device", "timeout")
+
+
+def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> AuditConfig:
+    """:func:`layer_config` with those of a run's ``settings`` (meant for every audit: ``--set``,
+    ``--dp-audit-set``) that a gate layer audit takes (:data:`LAYER_GATE_SETTINGS`)."""
+    return layer_config(profile, layer, **{k: v for k, v in settings.items() if k in LAYER_GATE_SETTINGS})
 
 
 #: What the default gate designates in each two-world world at the quick profile, fixed before any audit

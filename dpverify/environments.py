@@ -189,6 +189,7 @@ def plan_entry(audit: Any, implementation: Any, config: Any, *, nodeid: str) -> 
         "nodeid": nodeid,
         "implementation": audit.implementation_name,
         "world": audit.world,
+        "layer": audit.layer,
         "counted": audit.counted,
         "available": reason is None,
         "unavailable_reason": reason,

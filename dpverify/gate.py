@@ -1,6 +1,8 @@
-"""What the default gate audits: every implementation's one-run audit, and the two-world audits of the
+"""What the default gate audits: every implementation's one-run audit, the two-world audits of the
 crafted worlds that apply to it, so that the bugs libraries ship (a normaliser that reads the data,
-microbatches, reused noise), which only many runs show, are found without any option.
+microbatches, reused noise), which only many runs show, are found without any option, and the layer designs
+it trains (:class:`~dpverify.contract.LayerArchitecture`), so that a fast-clipping norm formula that
+undercounts one layer type shows.
 
 Framework-free: the pytest plugin and the command line plan their audits here.
 """
@@ -33,16 +35,20 @@ def applicable_worlds(info: ImplementationInfo) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class GateAudit:
-    """One audit of the gate: an implementation's one-run audit (``world`` ``None``) or its two-world audit
-    of ``world``."""
+    """One audit of the gate: an implementation's one-run audit (``world`` and ``layer`` ``None``), its
+    two-world audit of ``world``, or its one-run audit of the ``layer`` design."""
 
     implementation_name: str
     expected: str
     world: str | None = None
+    layer: str | None = None
 
     @property
     def test_name(self) -> str:
-        """``dp-audit[<name>]`` or ``two-world[<name>-<world>]``: the pytest item's name."""
+        """``dp-audit[<name>]``, ``two-world[<name>-<world>]`` or ``layer[<name>-<layer>]``: the pytest item's
+        name."""
+        if self.layer is not None:
+            return f"layer[{self.implementation_name}-{self.layer}]"
         if self.world is None:
             return f"dp-audit[{self.implementation_name}]"
         return f"two-world[{self.implementation_name}-{self.world}]"
@@ -50,8 +56,9 @@ class GateAudit:
     @property
     def seed_key(self) -> str:
         """The one-run audit keeps the name alone as its key, so one seed means one audit in pytest and in
-        ``dpverify audit --seed``; a world adds its own."""
-        return self.implementation_name if self.world is None else f"{self.implementation_name}#{self.world}"
+        ``dpverify audit --seed``; a world or a layer adds its own."""
+        extra = self.world or self.layer
+        return self.implementation_name if extra is None else f"{self.implementation_name}#{extra}"
 
     @property
     def counted(self) -> bool:
@@ -61,8 +68,10 @@ class GateAudit:
 
 
 def gate_audits(infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...] = "applicable") -> list[GateAudit]:
-    """The gate's audits of ``infos``, each one-run audit followed by its two-world audits: ``worlds`` is
-    ``"applicable"`` (every world that applies), ``"none"`` or world names (those of them that apply)."""
+    """The gate's audits of ``infos``, each one-run audit followed by its two-world audits and its layer
+    designs' audits (:attr:`~dpverify.contract.ImplementationInfo.layers`): ``worlds`` is ``"applicable"``
+    (every world that applies), ``"none"`` or world names (those of them that apply). A buggy variant that
+    breaks a layer's norm formula gets its layers' audits only: the other designs cannot see it."""
     if isinstance(worlds, str) and worlds not in WORLD_CHOICE_WORDS:
         raise ValueError(f"worlds must be one of {', '.join(WORLD_CHOICE_WORDS)} or world names, got {worlds!r}")
     if not isinstance(worlds, str):
@@ -71,9 +80,14 @@ def gate_audits(infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...
             raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(WORLD_KINDS)}")
     audits = []
     for info in infos:
+        layers = [GateAudit(info.name, info.expected, layer=layer) for layer in info.layers]
+        if info.layers and info.expected == "violation":
+            audits.extend(layers)
+            continue
         audits.append(GateAudit(info.name, info.expected))
         chosen = () if worlds == "none" else applicable_worlds(info)
         if not isinstance(worlds, str):
             chosen = tuple(world for world in chosen if world in worlds)
         audits.extend(GateAudit(info.name, info.expected, world) for world in chosen)
+        audits.extend(layers)
     return audits

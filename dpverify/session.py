@@ -290,10 +290,12 @@ def outcome_as_expected(result: dict[str, Any]) -> bool:
 
 
 def _design(result: dict[str, Any]) -> str:
-    """The design, with its world for a two-world audit (``two_world:dataset_size``)."""
+    """The design, with its world for a two-world audit (``two_world:dataset_size``) and its layer for a
+    layer design (``inclusion:embedding``)."""
     if result["design"] == "two_world":
         return f"two_world:{result['config']['worlds']['world']}"
-    return result["design"]
+    layer = result["config"].get("architecture", {}).get("layer")
+    return result["design"] if layer is None else f"{result['design']}:{layer}"
 
 
 def _power_cells(result: dict[str, Any]) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import pytest
 
 from dpverify.audits import run_audit, undecidable
-from dpverify.config import OVERRIDABLE, AuditConfig, gate_world_config, profile_config
+from dpverify.config import OVERRIDABLE, AuditConfig, gate_layer_config, gate_world_config, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
@@ -87,6 +87,13 @@ def world_config(session: AuditSession, world: str) -> AuditConfig:
     with the ``--dp-audit-set`` settings it takes (runs, records, outputs); the world designates its own σ."""
     limit = {} if session.timeout is None else {"timeout": session.timeout}
     return gate_world_config(session.profile, world, {"device": session.device, **limit, **session.settings})
+
+
+def layer_audit_config(session: AuditSession, layer: str) -> AuditConfig:
+    """The default gate's audit of the ``layer`` design at the session's profile, device and time limit, with
+    the ``--dp-audit-set`` settings it takes (m, pooled_runs, positions); the design fixes its claim."""
+    limit = {} if session.timeout is None else {"timeout": session.timeout}
+    return gate_layer_config(session.profile, layer, {"device": session.device, **limit, **session.settings})
 
 
 def execute_audit(

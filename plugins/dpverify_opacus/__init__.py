@@ -338,8 +338,8 @@ VARIANTS: tuple[VariantSpec, ...] = (
         "(Opacus #751)",
         detectability="D2",
         notes="Opacus' own Linear norm sampler with the bias entry replaced, in the run's copy of "
-        "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (16 positions, "
-        "input 0.25: sensitivity 2.9C), invisible to softmax regression (2-D input)",
+        "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (9 positions, "
+        "input 0.125: sensitivity 2.8C), invisible to softmax regression (2-D input)",
         layers=("linear_3d",),
     ),
 )

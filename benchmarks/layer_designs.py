@@ -1,0 +1,89 @@
+"""The default gate's layer-design audits over seeds: does each design pass the correct paths and refute the
+variant whose per-layer norm formula undercounts its layer, at the per-audit confidence the main job gives it?
+
+    python benchmarks/layer_designs.py --seeds 5
+
+Writes ``benchmarks/results/layer-designs.md``: per implementation and layer design, the violations in the
+seeds, the (ε, δ) test's and the curve test's ε_L (min – max), the signal fraction ρ and the smallest noise
+deficit k* refuted with probability ≥ 0.8 (median), and seconds per audit (median; the first audit of a
+process also imports the library). Seed s is the session seed, as `dpverify audit --all --seed s` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dpverify.audits import run_audit
+from dpverify.config import layer_config
+from dpverify.gate import gate_audits
+from dpverify.registry import registered_implementations
+from dpverify.session import AuditSession, outcome_mark
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from two_world import _range, _write, header  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--implementations", nargs="*", help="names (default: every one with layer designs)")
+    parser.add_argument("--output", default="layer-designs.md")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    registered = [i for i in registered_implementations() if i.info.task == "classification" and not i.unavailable_reason()]
+    planned = sum(a.counted for a in gate_audits([i.info for i in registered]))
+    confidence = 1 - 0.05 / planned
+    chosen = [i for i in registered if i.info.layers and (not args.implementations or i.info.name in args.implementations)]
+    lines = header(
+        "The default gate's layer-design audits over seeds",
+        args,
+        [
+            f"- each audit at confidence {confidence:.5f}: the main job's (`dpverify audit --all`, {planned} planned "
+            "audits here, session 0.95); seed s is the session seed, as `dpverify audit --all --seed s` runs it",
+            "- settings: `dpverify.config.LAYER_SETTINGS` (quick profile: q = 1, 10 steps, C = 0.5, lr 2, target "
+            "ε 2, 16 positions); the numpy ceiling of the same designs: `python benchmarks/layer_sim.py`",
+        ],
+    ) + [
+        "| implementation | expected | layer | violations | as expected | ε_L (min – max) | curve ε_L (min – max) | ρ (median) | k* (median) | s/audit (median) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for implementation in chosen:
+        info = implementation.info
+        for audit in gate_audits([info]):
+            if audit.layer is None:
+                continue
+            results, seconds = [], []
+            for seed in range(args.seeds):
+                session = AuditSession(enabled=True, profile="quick", confidence=0.95, seed=seed, device="cpu",
+                                       epsilon=2.0, implementations=(), report_path=None, plots_dir=None)  # fmt: skip
+                config = layer_config("quick", audit.layer).with_overrides(
+                    seed=session.audit_seed(audit.seed_key), confidence=confidence, device="cpu"
+                )
+                started = time.perf_counter()
+                results.append(run_audit(implementation, config))
+                seconds.append(time.perf_counter() - started)
+            marks = [outcome_mark({"verdict": r.verdict, "expected": info.expected, "detectability": info.detectability}) for r in results]
+            powers = [r.power for r in results if r.power is not None]
+            rho = np.median([p.signal_fraction for p in powers if p.signal_fraction is not None]) if powers else float("nan")
+            deficits = [p.smallest_deficit for p in powers if p.smallest_deficit is not None]
+            row = (
+                f"| {info.name} | {info.expected}{f' ({info.detectability})' if info.detectability else ''} | {audit.layer} | "
+                f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | "
+                f"{sum(m != '!' for m in marks)} / {len(results)} | {_range([r.epsilon_lower_bound for r in results])} | "
+                f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
+                f"{np.median(deficits) if deficits else float('nan'):.2f} | {np.median(seconds):.1f} |"
+            )
+            print(row, flush=True)
+            lines.append(row)
+    _write(args.output, lines)
+
+
+if __name__ == "__main__":
+    main()
