@@ -7,6 +7,8 @@ Writes ``benchmarks/results/layer-designs.md``: per implementation and layer des
 seeds, the (ε, δ) test's and the curve test's ε_L (min – max), the signal fraction ρ and the smallest noise
 deficit k* refuted with probability ≥ 0.8 (median), and seconds per audit (median; the first audit of a
 process also imports the library). Seed s is the session seed, as `dpverify audit --all --seed s` runs it.
+The last row times the default one-run audit of opacus-ghost (softmax regression) in the same process, the
+reference for the layer audits' cost on a machine as loaded as this one was.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dpverify.audits import run_audit
-from dpverify.config import layer_config
+from dpverify.config import layer_config, profile_config
 from dpverify.gate import gate_audits
 from dpverify.registry import registered_implementations
 from dpverify.session import AuditSession, outcome_mark
@@ -47,41 +49,43 @@ def main() -> None:
         [
             f"- each audit at confidence {confidence:.5f}: the main job's (`dpverify audit --all`, {planned} planned "
             "audits here, session 0.95); seed s is the session seed, as `dpverify audit --all --seed s` runs it",
-            "- settings: `dpverify.config.LAYER_SETTINGS` (quick profile: q = 1, 10 steps, C = 0.5, lr 2, target "
-            "ε 2, 16 positions); the numpy ceiling of the same designs: `python benchmarks/layer_sim.py`",
+            "- settings: `dpverify.config.LAYER_SETTINGS` (quick profile: q = 1, 10 steps, C = 0.5, target ε 2, "
+            "inclusion design; embedding 4 runs × 1000 canaries, 16 positions, lr 2; linear_3d 8 × 500, 9 positions, "
+            "lr 2; layer_norm 8 × 500, 4 positions, lr 1/8); the numpy ceiling of the same designs: "
+            "`python benchmarks/layer_sim.py`",
         ],
     ) + [
         "| implementation | expected | layer | violations | as expected | ε_L (min – max) | curve ε_L (min – max) | ρ (median) | k* (median) | s/audit (median) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for implementation in chosen:
+    rows = [(i, a) for i in chosen for a in gate_audits([i.info]) if a.layer is not None]
+    reference = next(i for i in registered if i.info.name == "opacus-ghost")
+    rows.append((reference, gate_audits([reference.info], worlds="none")[0]))
+    for implementation, audit in rows:
         info = implementation.info
-        for audit in gate_audits([info]):
-            if audit.layer is None:
-                continue
-            results, seconds = [], []
-            for seed in range(args.seeds):
-                session = AuditSession(enabled=True, profile="quick", confidence=0.95, seed=seed, device="cpu",
-                                       epsilon=2.0, implementations=(), report_path=None, plots_dir=None)  # fmt: skip
-                config = layer_config("quick", audit.layer).with_overrides(
-                    seed=session.audit_seed(audit.seed_key), confidence=confidence, device="cpu"
-                )
-                started = time.perf_counter()
-                results.append(run_audit(implementation, config))
-                seconds.append(time.perf_counter() - started)
-            marks = [outcome_mark({"verdict": r.verdict, "expected": info.expected, "detectability": info.detectability}) for r in results]
-            powers = [r.power for r in results if r.power is not None]
-            rho = np.median([p.signal_fraction for p in powers if p.signal_fraction is not None]) if powers else float("nan")
-            deficits = [p.smallest_deficit for p in powers if p.smallest_deficit is not None]
-            row = (
-                f"| {info.name} | {info.expected}{f' ({info.detectability})' if info.detectability else ''} | {audit.layer} | "
-                f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | "
-                f"{sum(m != '!' for m in marks)} / {len(results)} | {_range([r.epsilon_lower_bound for r in results])} | "
-                f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
-                f"{np.median(deficits) if deficits else float('nan'):.2f} | {np.median(seconds):.1f} |"
-            )
-            print(row, flush=True)
-            lines.append(row)
+        results, seconds = [], []
+        for seed in range(args.seeds):
+            session = AuditSession(enabled=True, profile="quick", confidence=0.95, seed=seed, device="cpu",
+                                   epsilon=2.0, implementations=(), report_path=None, plots_dir=None)  # fmt: skip
+            base = profile_config("quick") if audit.layer is None else layer_config("quick", audit.layer)
+            config = base.with_overrides(seed=session.audit_seed(audit.seed_key), confidence=confidence, device="cpu")
+            started = time.perf_counter()
+            results.append(run_audit(implementation, config))
+            seconds.append(time.perf_counter() - started)
+        marks = [outcome_mark({"verdict": r.verdict, "expected": info.expected, "detectability": info.detectability}) for r in results]
+        powers = [r.power for r in results if r.power is not None]
+        rho = np.median([p.signal_fraction for p in powers if p.signal_fraction is not None]) if powers else float("nan")
+        deficits = [p.smallest_deficit for p in powers if p.smallest_deficit is not None]
+        row = (
+            f"| {info.name} | {info.expected}{f' ({info.detectability})' if info.detectability else ''} | "
+            f"{audit.layer or 'none (default one-run audit)'} | "
+            f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | "
+            f"{sum(m != '!' for m in marks)} / {len(results)} | {_range([r.epsilon_lower_bound for r in results])} | "
+            f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
+            f"{np.median(deficits) if deficits else float('nan'):.2f} | {np.median(seconds):.1f} |"
+        )
+        print(row, flush=True)
+        lines.append(row)
     _write(args.output, lines)
 
 

@@ -384,18 +384,26 @@ def profile_config(name: str, **overrides: Any) -> AuditConfig:
 
 
 #: The canary mode whose canaries own a layer's parameters (:func:`check_layer_canaries`).
-LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels"}
+LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_norm": "owned_labels"}
 #: What the default gate designates in each layer design at the quick profile, fixed before any audit ran:
 #: the Dirac quick profile's training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions, so
 #: that a formula that takes the positions as separate rows states too little by √16 = 4 for the embedding
 #: and by 2.8 for the linear layer (T = 9 and an input of 0.125, whose weight's share of the norm the bias
 #: formula does not touch; benchmarks/layer_sim.py). ``embedding``: 4 runs of 1000 Dirac tokens, 10 classes;
 #: ``linear_3d``: 8 runs of 500 canaries, each owning 2 of its run's 1000 labels, one input feature (its cost
-#: grows with a run's canaries times its labels times T, so its runs and T are smaller).
+#: grows with a run's canaries times its labels times T, so its runs and T are smaller); ``layer_norm``: as
+#: ``linear_3d``, its input the run's 1000 labels wide (:func:`layer_config` sets the dimension), each canary's
+#: feature on its label's coordinate, T = 4, so that a formula that averages the positions states 4 times too
+#: little. Its normalised feature is √1000 ≈ 32 on the label's coordinate, so a clipped step moves the
+#: canary's logit T·32 times lr·C/N: lr 1/8 keeps that at 0.016 a step, as the other designs' (the Dirac
+#: profile's lr 2 moved it 0.57 a step, out of the linear regime: ρ 0.79 instead of 1.02, seed 1).
 LAYER_SETTINGS: dict[str, dict[str, Any]] = {
     "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
     "linear_3d": dict(
         m=4000, pooled_runs=8, positions=9, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.125
+    ),
+    "layer_norm": dict(
+        m=4000, pooled_runs=8, positions=4, num_classes=2, mode="owned_labels", feature_scale=1.0, learning_rate=0.125
     ),
 }
 #: Each profile's canaries of a layer design, as a multiple of the quick setting's (more pooled runs).
@@ -416,7 +424,16 @@ def layer_config(profile: str, layer: str, **overrides: Any) -> AuditConfig:
     base = dataclasses.replace(quick, architecture=LayerArchitecture(layer=layer), canaries=canaries)
     if profile != "quick":
         base = dataclasses.replace(base, timeout=PROFILES[profile].timeout)
-    return apply_overrides(base, {**setting, **overrides})
+    config = apply_overrides(base, {**setting, **overrides})
+    if layer != "layer_norm":
+        return config
+    # The LayerNorm's input is as wide as its run's labels: every run needs the same number of canaries.
+    if len(set(config.canaries_per_run)) != 1:
+        raise ValueError(
+            f"the layer_norm design needs as many canaries in every pooled run (its input is as wide as a run's "
+            f"labels), so m must be a multiple of pooled_runs, got m={config.canaries.m}, pooled_runs={config.pooled_runs}"
+        )
+    return config.with_overrides(dimension=config.canaries_per_run[0] * config.canaries.num_classes)
 
 
 #: The settings a session may change in the default gate's layer audits; the rest is the layer's design.

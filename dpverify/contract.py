@@ -86,9 +86,9 @@ class TransformerArchitecture:
             raise ValueError(f"width must be a multiple of heads, got width={self.width}, heads={self.heads}")
 
 
-Layer = Literal["embedding", "linear_3d"]
+Layer = Literal["embedding", "linear_3d", "layer_norm"]
 #: The layer types a :class:`LayerArchitecture` designates, each a per-layer norm formula of fast clipping.
-LAYERS: tuple[str, ...] = ("embedding", "linear_3d")
+LAYERS: tuple[str, ...] = ("embedding", "linear_3d", "layer_norm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +104,9 @@ class LayerArchitecture:
     - ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) sequence. With owned labels
       (:mod:`dpverify.canaries.synthetic`, mode ``owned_labels``) canary j alone moves its label's row of
       the weight and its coordinate of the bias, whose gradient sums over the positions (Opacus #751).
+    - ``layer_norm``: ``LayerNorm(d)`` with its affine weight and bias on the (n, positions, d) sequence, d = C
+      (its outputs are the logits). With owned labels whose feature sits on the label's coordinate, canary j
+      alone moves its label's coordinates of the weight and the bias.
 
     Zero weights make every gradient first order from the first step. A norm formula that takes a record's
     positions as separate rows (squared norms summed, not the gradient summed first) states √positions

@@ -162,7 +162,8 @@ class LayerModel(nn.Module):
     """A layer design's model (:class:`~dpverify.contract.LayerArchitecture`): each record lifted to a
     sequence of ``positions`` equal positions, one zero-initialised layer on the sequence, the outputs summed
     over the positions. ``embedding``: the token is the record's largest feature, ``Embedding(d, C)``;
-    ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) input."""
+    ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) input; ``layer_norm``: ``LayerNorm(d)``
+    with its affine weight and bias on it (d = C)."""
 
     def __init__(self, dimension: int, num_classes: int, *, layer: str, positions: int) -> None:
         super().__init__()
@@ -171,9 +172,17 @@ class LayerModel(nn.Module):
             self.layer: nn.Module = nn.Embedding(dimension, num_classes)
         elif layer == "linear_3d":
             self.layer = nn.Linear(dimension, num_classes)
-            nn.init.zeros_(self.layer.bias)
+        elif layer == "layer_norm":
+            if dimension != num_classes:
+                raise ValueError(
+                    f"the layer_norm design's outputs are its inputs' normalised coordinates, so the features' "
+                    f"dimension must equal num_classes, got dimension={dimension}, num_classes={num_classes}"
+                )
+            self.layer = nn.LayerNorm(dimension)
         else:
-            raise ValueError(f"layer must be 'embedding' or 'linear_3d', got {layer!r}")
+            raise ValueError(f"layer must be 'embedding', 'linear_3d' or 'layer_norm', got {layer!r}")
+        if getattr(self.layer, "bias", None) is not None:
+            nn.init.zeros_(self.layer.bias)
         nn.init.zeros_(self.layer.weight)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:

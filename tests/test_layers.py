@@ -14,7 +14,7 @@ from dpverify.gate import gate_audits
 
 def test_a_layer_architecture_names_its_layer_and_positions():
     assert LayerArchitecture(layer="linear_3d", positions=4).positions == 4
-    with pytest.raises(ValueError, match="layer must be one of 'embedding', 'linear_3d', got 'conv'"):
+    with pytest.raises(ValueError, match="layer must be one of 'embedding', 'linear_3d', 'layer_norm', got 'conv'"):
         LayerArchitecture(layer="conv")
     with pytest.raises(ValueError, match="positions"):
         LayerArchitecture(positions=0)
@@ -29,7 +29,7 @@ def test_owned_label_canaries_each_own_a_block_of_labels():
     assert np.array_equal(canaries.labels // 4, blocks) and np.array_equal(canaries.comparison_labels // 4, blocks)
     assert np.all(canaries.labels != canaries.comparison_labels)
     expected = np.zeros((50, 3), dtype=np.float32)
-    expected[blocks, blocks % 3] = 0.5
+    expected[blocks, canaries.labels % 3] = 0.5  # on the label's coordinate
     assert np.array_equal(canaries.features, expected)
 
 
@@ -40,6 +40,10 @@ def test_layer_configs_pair_each_layer_with_the_canaries_that_own_it():
     assert linear.architecture.layer == "linear_3d" and linear.canaries.mode == "owned_labels"
     assert layer_config("standard", "embedding").pooled_runs == 10 * embedding.pooled_runs
     assert layer_config("quick", "linear_3d", positions=4).architecture.positions == 4
+    layer_norm = layer_config("quick", "layer_norm", m=30, pooled_runs=3)
+    assert layer_norm.canaries.dimension == 10 * layer_norm.canaries.num_classes  # a run's labels
+    with pytest.raises(ValueError, match="m must be a multiple of pooled_runs, got m=31, pooled_runs=3"):
+        layer_config("quick", "layer_norm", m=31, pooled_runs=3)
     with pytest.raises(ValueError, match="needs canaries of mode 'owned_labels'"):
         dataclasses.replace(linear, canaries=dataclasses.replace(linear.canaries, mode="dirac", dimension=500))
     with pytest.raises(ValueError, match="hidden_width do\\(es\\) not apply to the designated LayerArchitecture"):
@@ -102,7 +106,7 @@ def _per_record_gradients(model, request) -> list[dict[str, "torch.Tensor"]]:
     return gradients
 
 
-@pytest.mark.parametrize("layer", ["embedding", "linear_3d"])
+@pytest.mark.parametrize("layer", ["embedding", "linear_3d", "layer_norm"])
 def test_each_canary_alone_moves_its_own_parameters_of_the_layer(layer):
     from dpverify.torch import build_mlp
 
@@ -114,18 +118,21 @@ def test_each_canary_alone_moves_its_own_parameters_of_the_layer(layer):
         if layer == "embedding":  # token `row` moves row `row` of the embedding, nothing else
             moved = gradient["layer.weight"].abs().sum(dim=1).nonzero().flatten().tolist()
             assert moved == [row]
-        else:  # its label's row of the weight and coordinate of the bias carry all but the softmax's 1/C share
+        else:  # its label's coordinates of the weight and the bias carry all but the softmax's 1/C share
             label = int(request.labels[row])
             bias = gradient["layer.bias"]
             assert bias[label] == pytest.approx(-5.0 * (1 - 1 / request.num_classes))
             assert float(bias.abs().max()) == float(-bias[label])
+            weight = gradient["layer.weight"]  # linear: (C, d); LayerNorm: (C,), the feature on the label's coordinate
+            assert int(weight.abs().amax(dim=-1).argmax() if weight.dim() == 2 else weight.abs().argmax()) == label
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-@pytest.mark.parametrize("layer", ["embedding", "linear_3d"])
+@pytest.mark.parametrize("layer", ["embedding", "linear_3d", "layer_norm"])
 def test_opacus_ghost_norms_are_the_records_whole_norms_and_the_variants_state_less(layer):
-    """Opacus' registered norm sampler for the layer states each record's true gradient norm; the variant's
-    sampler states √positions times less for the embedding and, for the bias part, for the linear layer."""
+    """Opacus' registered sampler for the layer states each record's true gradient norm; the variant's sampler
+    states √positions times less for the embedding and, for the bias part, for the linear layer, and
+    positions times less for the LayerNorm."""
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
 
     from dpverify.torch import as_tensors, build_mlp
@@ -138,31 +145,41 @@ def test_opacus_ghost_norms_are_the_records_whole_norms_and_the_variants_state_l
     true_norms = torch.stack([torch.cat([g.flatten() for g in grads.values()]).norm() for grads in truth])
     features, labels = as_tensors(request)
 
-    def stated_norms(norm_samplers=None):
+    def stated_norms(registry_name=None, registry=None):
         wrapped = GradSampleModuleFastGradientClipping(
             build_mlp(request), max_grad_norm=1.0, use_ghost_clipping=True, loss_reduction="sum"
         )
-        if norm_samplers is not None:
-            wrapped.NORM_SAMPLERS = norm_samplers
+        if registry is not None:
+            setattr(wrapped, registry_name, registry)
         losses = torch.nn.functional.cross_entropy(wrapped(features), labels, reduction="none")
         losses.sum().backward()
         return wrapped.get_norm_sample()
 
     assert torch.allclose(stated_norms(), true_norms, rtol=1e-4)
-    layer_type, sampler = UNDERCOUNTING_NORM_SAMPLERS[layer]
-    undercounted = stated_norms({**GradSampleModuleFastGradientClipping.NORM_SAMPLERS, layer_type: sampler})
+    registry_name, layer_type, sampler = UNDERCOUNTING_NORM_SAMPLERS[layer]
+    registry = getattr(GradSampleModuleFastGradientClipping, registry_name)
+    undercounted = stated_norms(registry_name, {**registry, layer_type: sampler})
     if layer == "embedding":
         assert torch.allclose(undercounted, true_norms / positions**0.5, rtol=1e-4)
+    elif layer == "layer_norm":
+        assert torch.allclose(undercounted, true_norms / positions, rtol=1e-4)
     else:  # the bias part shrinks by √positions, the weight's stays
         weight = torch.stack([g["layer.weight"].norm() for g in truth])
         bias = torch.stack([g["layer.bias"].norm() for g in truth])
         assert torch.allclose(undercounted, (weight**2 + bias**2 / positions).sqrt(), rtol=1e-4)
-    assert GradSampleModuleFastGradientClipping.NORM_SAMPLERS[layer_type] is not sampler  # the registry is untouched
+    assert getattr(GradSampleModuleFastGradientClipping, registry_name)[layer_type] is not sampler  # left alone
 
 
-@pytest.mark.parametrize("variant, layer", [("opacus-ghost-embedding-norm", "embedding"), ("opacus-ghost-linear-bias-norm", "linear_3d")])
+@pytest.mark.parametrize(
+    "variant, layer",
+    [
+        ("opacus-ghost-embedding-norm", "embedding"),
+        ("opacus-ghost-linear-bias-norm", "linear_3d"),
+        ("opacus-ghost-layer-norm-norm", "layer_norm"),
+    ],
+)
 def test_each_layer_design_refutes_the_variant_that_undercounts_its_layer(variant, layer):
-    """Statistical: the variant's canaries carry about 4× (embedding) and 2.8× (linear) the claimed signal
+    """Statistical: the variant's canaries carry about 4× (embedding), 2.8× (linear), 4× (LayerNorm) the claimed signal
     (benchmarks/results/layer-designs.md: refuted on 5 of 5 seeds, ρ ≥ 2.5), so missing it at the quick
     profile's 95 % has a probability far below 1e-6 at seed 0; a miss means the design no longer sees its
     layer."""

@@ -4,7 +4,7 @@ Features are random (``orthogonal``: unit-norm isotropic rows, distributed exact
 unit-norm coefficients times the orthonormal Q of a QR, nearly orthogonal while m ≤ d; ``gaussian``:
 i.i.d. Gaussian rows; ``dirac``: canary j is ``feature_scale · e_j``, so each canary owns one input
 coordinate and, in softmax regression, one column of weights that no other canary touches; ``owned_labels``:
-canary j is ``feature_scale · e_(j mod d)`` and owns a block of C outputs, its label j·C + y, so that in a
+canary j owns a block of C outputs, its label c = j·C + y, and is ``feature_scale · e_(c mod d)``, so that in a
 layer design (:class:`~dpverify.contract.LayerArchitecture`) it alone moves its label's parameters), labels
 are uniform over C classes (within the canary's block), and every canary also gets a *comparison*
 label drawn uniformly from the other C − 1 classes. The pair (label, comparison label) is therefore
@@ -98,8 +98,7 @@ def make_canaries(config: CanaryConfig, *, rng: np.random.Generator) -> Canaries
         features = np.zeros((m, d), dtype=np.float32)
         features[np.arange(m), np.arange(m)] = config.feature_scale
     elif config.mode == "owned_labels":
-        features = np.zeros((m, d), dtype=np.float32)
-        features[np.arange(m), np.arange(m) % d] = config.feature_scale
+        features = np.zeros((m, d), dtype=np.float32)  # filled in below, on each label's coordinate
     else:
         features = rng.standard_normal((m, d), dtype=np.float32)
         features *= np.float32(config.feature_scale / np.sqrt(d))
@@ -107,6 +106,8 @@ def make_canaries(config: CanaryConfig, *, rng: np.random.Generator) -> Canaries
     # Uniform over the other C - 1 classes: shift by 1..C-1 modulo C.
     comparison_labels = (labels + rng.integers(1, num_classes, size=m)) % num_classes
     offset = np.arange(m) * num_classes if config.mode == "owned_labels" else 0  # canary j's block of labels
+    if config.mode == "owned_labels":
+        features[np.arange(m), (labels + offset) % d] = config.feature_scale
     return Canaries(
         features=features,
         labels=(labels + offset).astype(np.int64),

@@ -157,7 +157,7 @@ def _info(name: str, **fields: Any) -> ImplementationInfo:
 
 
 #: The layer designs both grad_sample_modes train (:class:`dpverify.contract.LayerArchitecture`).
-LAYERS = ("embedding", "linear_3d")
+LAYERS = ("embedding", "linear_3d", "layer_norm")
 
 
 def _correct(name: str, mode: str, notes: str) -> OpacusImplementation:
@@ -341,6 +341,20 @@ VARIANTS: tuple[VariantSpec, ...] = (
         "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (9 positions, "
         "input 0.125: sensitivity 2.8C), invisible to softmax regression (2-D input)",
         layers=("linear_3d",),
+    ),
+    VariantSpec(
+        name="opacus-ghost-layer-norm-norm",
+        bug=2,
+        tweak="undercounting_norm",
+        tweak_args={"layer": "layer_norm"},
+        breaks="each record's gradient must be clipped by its whole norm; here fast gradient clipping's LayerNorm "
+        "per-record gradients (whose norms it clips by) average over the positions instead of summing them",
+        detectability="D2",
+        notes="Opacus' own LayerNorm grad sampler divided by the positions, in the run's copy of "
+        "GradSampleModuleFastGradientClipping.GRAD_SAMPLERS (ghost mode has no LayerNorm norm sampler; it takes "
+        "norms of these); seen by the layer_norm design (4 positions: sensitivity 4C), invisible to softmax "
+        "regression",
+        layers=("layer_norm",),
     ),
 )
 

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from opacus.grad_sample.embedding import compute_embedding_norm_sample
+from opacus.grad_sample.layer_norm import compute_layer_norm_grad_sample
 from opacus.grad_sample.linear import compute_linear_norm_sample
 
 from dpverify.torch import MultiTaskMLP
@@ -389,19 +390,30 @@ def positions_as_rows_linear_bias(layer: nn.Linear, activations, backprops):
     return norms
 
 
-#: The formula-breaking norm samplers by the layer type they replace Opacus' registered one for.
-UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[type, Callable]] = {
-    "embedding": (nn.Embedding, positions_as_rows_embedding),
-    "linear_3d": (nn.Linear, positions_as_rows_linear_bias),
+def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
+    """Opacus' own LayerNorm grad sampler, its per-record gradients averaged over the positions instead of
+    summed (what fast gradient clipping takes the norms of, where no norm sampler is registered)."""
+    grads = compute_layer_norm_grad_sample(layer, activations, backprops)
+    positions = backprops[0].numel() // max(1, layer.weight.numel())
+    return {param: grad / positions for param, grad in grads.items()}
+
+
+#: The formula-breaking samplers by layer design: the registry of Opacus' ghost-clipping module they replace
+#: an entry of, the layer type, and the sampler.
+UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[str, type, Callable]] = {
+    "embedding": ("NORM_SAMPLERS", nn.Embedding, positions_as_rows_embedding),
+    "linear_3d": ("NORM_SAMPLERS", nn.Linear, positions_as_rows_linear_bias),
+    "layer_norm": ("GRAD_SAMPLERS", nn.LayerNorm, positions_averaged_layer_norm),
 }
 
 
 class UndercountingNormSampler(Tweak):
     """Row 2 for one layer type: ghost clipping's per-layer norm formula for ``layer`` takes a record's
-    sequence positions as separate rows (:data:`UNDERCOUNTING_NORM_SAMPLERS`), so it states too small a
-    norm and the record is clipped too weakly; the real gradient is still the whole one. The run's
-    ghost-clipping module gets its own copy of Opacus' ``NORM_SAMPLERS`` registry with the one entry
-    replaced (the class's registry, shared by every other run, is left alone)."""
+    sequence positions as separate rows or averages them (:data:`UNDERCOUNTING_NORM_SAMPLERS`), so it states
+    too small a norm and the record is clipped too weakly; the real gradient is still the whole one. The
+    run's ghost-clipping module gets its own copy of Opacus' ``NORM_SAMPLERS`` (or, for a layer without a
+    norm sampler, ``GRAD_SAMPLERS``) registry with the one entry replaced (the class's registry, shared by
+    every other run, is left alone)."""
 
     supported_modes = ("ghost",)
 
@@ -411,11 +423,11 @@ class UndercountingNormSampler(Tweak):
         self.layer = layer
 
     def apply(self, run: OpacusRun) -> None:
-        layer_type, sampler = UNDERCOUNTING_NORM_SAMPLERS[self.layer]
-        registry = type(run.module).NORM_SAMPLERS
+        registry_name, layer_type, sampler = UNDERCOUNTING_NORM_SAMPLERS[self.layer]
+        registry = getattr(type(run.module), registry_name)
         if layer_type not in registry:
-            raise RuntimeError(f"{run.name}: this Opacus has no ghost-clipping norm sampler for {layer_type.__name__}")
-        run.module.NORM_SAMPLERS = {**registry, layer_type: sampler}
+            raise RuntimeError(f"{run.name}: this Opacus has no {registry_name} entry for {layer_type.__name__}")
+        setattr(run.module, registry_name, {**registry, layer_type: sampler})
 
 
 TWEAKS: dict[str, type[Tweak]] = {
