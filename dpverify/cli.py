@@ -381,7 +381,8 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in chosen if impl.info.name not in delegated]
     if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
-    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args))
+    # A run that asks for one design (--design) gets that design only: no worlds unless named, no layers.
+    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args), layers=args.design is None)
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.
     counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)

@@ -436,8 +436,9 @@ def layer_config(profile: str, layer: str, **overrides: Any) -> AuditConfig:
     return config.with_overrides(dimension=config.canaries_per_run[0] * config.canaries.num_classes)
 
 
-#: The settings a session may change in the default gate's layer audits; the rest is the layer's design.
-LAYER_GATE_SETTINGS: tuple[str, ...] = ("m", "pooled_runs", "positions", "device", "timeout")
+#: The settings a session may change in the default gate's layer audits; the rest is the layer's design (a
+#: session's m or ε are the one-run audit's; a layer design's canaries, runs and claim are fixed with it).
+LAYER_GATE_SETTINGS: tuple[str, ...] = ("device", "timeout")
 
 
 def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> AuditConfig:

@@ -67,11 +67,14 @@ class GateAudit:
         return self.expected == "private"
 
 
-def gate_audits(infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...] = "applicable") -> list[GateAudit]:
+def gate_audits(
+    infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...] = "applicable", layers: bool = True
+) -> list[GateAudit]:
     """The gate's audits of ``infos``, each one-run audit followed by its two-world audits and its layer
     designs' audits (:attr:`~dpverify.contract.ImplementationInfo.layers`): ``worlds`` is ``"applicable"``
-    (every world that applies), ``"none"`` or world names (those of them that apply). A buggy variant that
-    breaks a layer's norm formula gets its layers' audits only: the other designs cannot see it."""
+    (every world that applies), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves
+    the layer designs out (a run that asks for one design). A buggy variant that breaks a layer's norm
+    formula gets its layers' audits only: the other designs cannot see it."""
     if isinstance(worlds, str) and worlds not in WORLD_CHOICE_WORDS:
         raise ValueError(f"worlds must be one of {', '.join(WORLD_CHOICE_WORDS)} or world names, got {worlds!r}")
     if not isinstance(worlds, str):
@@ -80,14 +83,14 @@ def gate_audits(infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...
             raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(WORLD_KINDS)}")
     audits = []
     for info in infos:
-        layers = [GateAudit(info.name, info.expected, layer=layer) for layer in info.layers]
+        own_layers = [GateAudit(info.name, info.expected, layer=layer) for layer in info.layers]
         if info.layers and info.expected == "violation":
-            audits.extend(layers)
+            audits.extend(own_layers if layers else [])
             continue
         audits.append(GateAudit(info.name, info.expected))
         chosen = () if worlds == "none" else applicable_worlds(info)
         if not isinstance(worlds, str):
             chosen = tuple(world for world in chosen if world in worlds)
         audits.extend(GateAudit(info.name, info.expected, world) for world in chosen)
-        audits.extend(layers)
+        audits.extend(own_layers if layers else [])
     return audits

@@ -90,8 +90,8 @@ def world_config(session: AuditSession, world: str) -> AuditConfig:
 
 
 def layer_audit_config(session: AuditSession, layer: str) -> AuditConfig:
-    """The default gate's audit of the ``layer`` design at the session's profile, device and time limit, with
-    the ``--dp-audit-set`` settings it takes (m, pooled_runs, positions); the design fixes its claim."""
+    """The default gate's audit of the ``layer`` design at the session's profile, device and time limit; the
+    design fixes its canaries, runs and claim (``--dp-audit-set`` settings are the one-run audit's)."""
     limit = {} if session.timeout is None else {"timeout": session.timeout}
     return gate_layer_config(session.profile, layer, {"device": session.device, **limit, **session.settings})
 
