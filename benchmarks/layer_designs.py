@@ -2,6 +2,7 @@
 variant whose per-layer norm formula undercounts its layer, at the per-audit confidence the main job gives it?
 
     python benchmarks/layer_designs.py --seeds 5
+    python benchmarks/layer_designs.py --timing --seeds 3 --output layer-designs-speed.md
 
 Writes ``benchmarks/results/layer-designs.md``: per implementation and layer design, the violations in the
 seeds, the (ε, δ) test's and the curve test's ε_L (min – max), the signal fraction ρ and the smallest noise
@@ -10,6 +11,11 @@ process also imports the library). Seed s is the session seed, as `dpverify audi
 The rows "none (default one-run audit)" time each chosen correct implementation's default one-run audit
 (softmax regression) in the same process: the reference for the layer audits' cost on a machine as loaded
 as this one was.
+
+``--timing`` runs, per seed, each chosen correct implementation's default one-run audit and its layer
+audits one after the other in one process (after one warm-up audit each, which imports and traces), and
+writes each audit's median seconds and its ratio to the same implementation's default audit: on a shared
+machine the ratio is the number that carries over.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--implementations", nargs="*", help="names (default: every one with layer designs)")
     parser.add_argument("--output", default="layer-designs.md")
+    parser.add_argument("--timing", action="store_true", help="time the correct implementations' audits, interleaved")
     args = parser.parse_args()
     import torch
 
@@ -59,6 +66,9 @@ def main() -> None:
         "| implementation | expected | layer | violations | as expected | ε_L (min – max) | curve ε_L (min – max) | ρ (median) | k* (median) | s/audit (median) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if args.timing:
+        _timing(args, chosen, confidence)
+        return
     rows = [(i, a) for i in chosen for a in gate_audits([i.info], worlds="none") if a.layer is not None]
     rows += [(i, gate_audits([i.info], worlds="none")[0]) for i in chosen if i.info.expected == "private"]
     for implementation, audit in rows:
@@ -84,6 +94,32 @@ def main() -> None:
             f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
             f"{np.median(deficits) if deficits else float('nan'):.2f} | {np.median(seconds):.1f} |"
         )
+        print(row, flush=True)
+        lines.append(row)
+    _write(args.output, lines)
+
+
+def _timing(args, chosen, confidence: float) -> None:
+    audits = [(i, a) for i in chosen if i.info.expected == "private" for a in gate_audits([i.info], worlds="none")]
+
+    def config(audit, seed):
+        base = profile_config("quick") if audit.layer is None else layer_config("quick", audit.layer)
+        return base.with_overrides(seed=seed, confidence=confidence, device="cpu")
+
+    for implementation, audit in audits:  # warm-up: imports, traces
+        run_audit(implementation, config(audit, 10_000))
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for seed in range(args.seeds):
+        for implementation, audit in audits:
+            started = time.perf_counter()
+            run_audit(implementation, config(audit, seed))
+            seconds.setdefault((audit.implementation_name, audit.layer or "default"), []).append(time.perf_counter() - started)
+    lines = header("Seconds per layer-design audit, against the default one-run audit", args, [
+        f"- {args.seeds} seed(s), each audit after one warm-up audit of the same kind, interleaved in one process",
+    ]) + ["| implementation | audit | s/audit (median) | min – max | / default audit |", "|---|---|---|---|---|"]
+    for (name, kind), values in seconds.items():
+        default = np.median(seconds[(name, "default")])
+        row = f"| {name} | {kind} | {np.median(values):.1f} | {_range(values)} | {np.median(values) / default:.2f} |"
         print(row, flush=True)
         lines.append(row)
     _write(args.output, lines)

@@ -291,12 +291,13 @@ def _list(args: argparse.Namespace) -> int:
                 "breaks": info.breaks,
                 "issue": info.issue,
                 "two_world_worlds": list(applicable_worlds(info)),
+                "layers": list(info.layers),
             }
         )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("name", "task", "library", "version", "status", "expected", "two-world worlds", "what it breaks")
+    header = ("name", "task", "library", "version", "status", "expected", "two-world worlds", "layers", "what it breaks")
     table = [header] + [
         (
             row["name"],
@@ -306,6 +307,7 @@ def _list(args: argparse.Namespace) -> int:
             "available" if row["available"] else f"unavailable: {row['unavailable_reason']}",
             _expectation(row),
             ",".join(row["two_world_worlds"]) or "-",
+            ",".join(row["layers"]) or "-",
             row["breaks"] or "-",
         )
         for row in rows

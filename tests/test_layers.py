@@ -76,6 +76,17 @@ def test_the_gate_audits_each_layer_an_implementation_trains_and_a_layer_variant
         ImplementationInfo(name="x", library="x", layers=("conv",))
 
 
+def test_dpverify_list_names_each_implementations_layer_designs(capsys):
+    import json
+
+    from dpverify.cli import main
+
+    assert main(["list", "--json"]) == 0
+    listed = {row["name"]: row["layers"] for row in json.loads(capsys.readouterr().out)}
+    assert listed["opacus-ghost"] == listed["opacus-hooks"] == ["embedding", "linear_3d", "layer_norm"]
+    assert listed["opacus-ghost-linear-bias-norm"] == ["linear_3d"] and listed["reference-dpsgd"] == []
+
+
 # --------------------------------------------------------------------------------------------------
 # The designs in torch and through Opacus' real ghost-clipping path.
 
