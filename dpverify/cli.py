@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         "that applies to the implementation, see `dpverify list`), none, or comma-separated world names "
         "(default: applicable; none when --design is given)",
     )
+    audit.add_argument(
+        "--layers",
+        default=None,
+        choices=("applicable", "none"),
+        help="the layer-design audits run beside each one-run audit: applicable (each layer type the "
+        "implementation trains, see `dpverify list`) or none (default: applicable; none when --design is given)",
+    )
     audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design), >= 1")
     audit.add_argument("--epochs", type=int, default=None, help=">= 1")
     audit.add_argument(
@@ -330,7 +337,7 @@ def _expectation(row: dict[str, Any]) -> str:
 #: decides an audit. The others are this run's alone (what to audit, where the report goes, the comparison).
 FORWARDED_OPTIONS: tuple[tuple[str, str], ...] = (
     ("imports", "--import"), ("profile", "--profile"), ("epsilon", "--epsilon"), ("design", "--design"),
-    ("worlds", "--worlds"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
+    ("worlds", "--worlds"), ("layers", "--layers"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
     ("confidence", "--confidence"), ("seed", "--seed"), ("device", "--device"), ("plots", "--plots"),
     ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"), ("jobs", "--jobs"),
 )  # fmt: skip
@@ -383,8 +390,9 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in chosen if impl.info.name not in delegated]
     if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
-    # A run that asks for one design (--design) gets that design only: no worlds unless named, no layers.
-    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args), layers=args.design is None)
+    # A run that asks for one design (--design) gets that design only: no worlds or layers unless asked.
+    layers = args.layers == "applicable" or (args.layers is None and args.design is None)
+    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args), layers=layers)
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.
     counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)

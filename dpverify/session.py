@@ -81,6 +81,8 @@ class AuditSession:
     settings: dict[str, Any] = field(default_factory=dict)
     #: The default gate's two-world audits: ``"applicable"``, ``"none"`` or world names (:mod:`dpverify.gate`).
     worlds: str | tuple[str, ...] = "applicable"
+    #: The default gate's layer-design audits: ``"applicable"`` or ``"none"`` (:mod:`dpverify.gate`).
+    layers: str = "applicable"
     strict: bool = False
     timeout: float | None = None
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)

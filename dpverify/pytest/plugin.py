@@ -66,6 +66,7 @@ def _session(config: pytest.Config) -> AuditSession:
         epsilon=options.resolve(config, "epsilon"),
         implementations=options.resolve(config, "implementations"),
         worlds=options.resolve(config, "worlds"),
+        layers=options.resolve(config, "layers"),
         settings=_settings(options.resolve(config, "set")),
         strict=options.resolve(config, "strict"),
         timeout=options.resolve(config, "timeout"),
@@ -255,7 +256,7 @@ def _add_ready_made_audits(
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
         DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
-        for audit in gate_audits(infos, worlds=audit_session.worlds)
+        for audit in gate_audits(infos, worlds=audit_session.worlds, layers=audit_session.layers == "applicable")
     ]
     if named:
         unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]
