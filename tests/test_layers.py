@@ -87,6 +87,28 @@ def test_dpverify_list_names_each_implementations_layer_designs(capsys):
     assert listed["opacus-ghost-linear-bias-norm"] == ["linear_3d"] and listed["reference-dpsgd"] == []
 
 
+def test_pytest_collects_each_layer_audit_and_dp_audit_layers_none_leaves_them_out(pytester):
+    from tests.test_plugin import run
+
+    chosen = "--dp-audit-implementations=opacus-ghost,opacus-ghost-*-norm"
+    result = run(pytester, "--dp-audit", chosen, "--dp-audit-worlds=none", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(
+        [
+            "dp-audit::dp-audit[[]opacus-ghost[]]",
+            "dp-audit::layer[[]opacus-ghost-embedding[]]",
+            "dp-audit::layer[[]opacus-ghost-linear_3d[]]",
+            "dp-audit::layer[[]opacus-ghost-layer_norm[]]",
+            "dp-audit::layer[[]opacus-ghost-embedding-norm-embedding[]]",
+            "*7 tests collected*",
+        ]
+    )
+    none = run(pytester, "--dp-audit", chosen, "--dp-audit-worlds=none", "--dp-audit-layers=none", "--collect-only", "-q")
+    none.stdout.fnmatch_lines(["dp-audit::dp-audit[[]opacus-ghost[]]", "*1 test collected*"])
+    bad = run(pytester, "--dp-audit", "--dp-audit-layers=conv")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--dp-audit-layers='conv' is invalid*must be applicable or none*"])
+
+
 # --------------------------------------------------------------------------------------------------
 # The designs in torch and through Opacus' real ghost-clipping path.
 
