@@ -57,6 +57,15 @@ def test_layer_configs_pair_each_layer_with_the_canaries_that_own_it():
     assert gate.canaries.m == 4000 and gate.hyperparameters.target_epsilon == 2.0 and gate.timeout == 60
 
 
+def test_a_layer_design_expects_the_dirac_signal_floor_at_full_batch():
+    from dpverify.audits.steps import DIRAC_SIGNAL_FLOOR, expected_signal
+
+    for layer in ("embedding", "linear_3d", "layer_norm"):
+        assert expected_signal(layer_config("quick", layer)) == DIRAC_SIGNAL_FLOOR
+    assert expected_signal(layer_config("quick", "embedding", sampling_rate=0.5)) is None
+    assert expected_signal(profile_config("quick", mode="owned_labels", dimension=1)) is None
+
+
 def test_the_gate_audits_each_layer_an_implementation_trains_and_a_layer_variant_by_its_layers_only():
     correct = ImplementationInfo(name="lib", library="lib", layers=("embedding", "linear_3d"))
     variant = ImplementationInfo(
