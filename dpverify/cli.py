@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
@@ -355,12 +356,12 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
 
 
 def _audit(args: argparse.Namespace, *, command: str) -> int:
-    from dpverify.audits import run_audit
+    from dpverify.audits import auditor_failure, run_audit
     from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, start_delegation
     from dpverify.gate import gate_audits
     from dpverify.contract import EXTRA_ENVIRONMENTS
     from dpverify.registry import registered_implementations
-    from dpverify.session import AuditSession, audit_entry, outcome_as_expected
+    from dpverify.session import AuditSession, audit_entry, outcome_as_expected, with_plots
 
     if not args.names and not args.all:
         raise ValueError("name at least one implementation (see `dpverify list`) or pass --all")
@@ -423,19 +424,23 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
                 print(f"{label}: skipped: {reason}" + (f" (or add --env {environment})" if environment else ""), file=sys.stderr)
                 continue
             progress = ProgressLine(label, StreamDisplay(sys.stderr))
-            result = run_audit(
-                implementation, config, progress=progress.stage, step_progress=progress.step, executor=session.executor_for_audits()
-            )
+            started = time.perf_counter()
+            try:
+                result = run_audit(
+                    implementation, config, progress=progress.stage, step_progress=progress.step, executor=session.executor_for_audits()
+                )
+            except ValueError:  # a setting the audit cannot take: the run's input, named (exit 2)
+                raise
+            except Exception as exc:  # the audit's own failure ends this audit as an error, not the session
+                result = auditor_failure(implementation, config, exc, seconds=time.perf_counter() - started)
             progress.finish(result.headline())
-            session.results.append(audit_entry(result, implementation, nodeid=_nodeid(audit)))
-            session.write_report(complete=False)
             if args.plots:
-                from dpverify.plots import save_audit_plots
-
-                save_audit_plots(result, args.plots)
+                result = with_plots(result, args.plots)
+            session.results.append(audit_entry(result, implementation, nodeid=_nodeid(audit), counted=audit.counted))
+            _write_partial_report(session)
         while running:
             finish_delegation(running.pop(0), session=session)
-            session.write_report(complete=False)
+            _write_partial_report(session)
     except KeyboardInterrupt:
         if progress is not None:
             progress.finish("interrupted")
@@ -645,6 +650,15 @@ def _check_outputs(session: Any) -> None:
         except ValueError as exc:
             raise ValueError(f"{option}: {exc}") from None
     session.write_report(complete=False)
+
+
+def _write_partial_report(session: Any) -> None:
+    """Rewrite the report after an audit; should that fail, say so and go on: the audits still run, their
+    verdicts reach the table, and the final report is written (or fails) at the end."""
+    try:
+        session.write_report(complete=False)
+    except Exception as exc:
+        print(f"dpverify: warning: the report could not be rewritten after an audit: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _conclude(session: Any, *, stopped: str | None = None) -> None:

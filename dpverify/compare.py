@@ -197,7 +197,9 @@ class Comparison:
             f"baseline {self.baseline_path} (dpverify {self.baseline_version}, started {self.baseline_started_at}): "
             f"{len(self.compared)} audit(s) matched, {comparable} compared by Fisher's exact one-sided test of the "
             f"correct guesses at the baseline's deciding count, each at level {_level(self.compared)} so that all "
-            f"keep {1 - self.confidence:.3g}; {len(self.risen)} rose significantly."
+            f"keep {1 - self.confidence:.3g}; {len(self.risen)} rose significantly. A family of its own beside the "
+            f"audits' level: failing the session on a rise (compare-fail) can add up to {1 - self.confidence:.3g} to "
+            "the chance that a correct, unchanged implementation fails it."
         )
         return lines
 

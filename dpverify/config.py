@@ -455,9 +455,14 @@ def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> Aud
 #: 1 vs 2 records, q = 1/2, 4 steps, and σ = 10 so that the claim is small (ε ≈ 0.4) while a halved noise
 #: in any step still shows. Microbatch and worst-case record: one full-batch step at σ = 0.5 (claimed
 #: μ = 2), learning rate 0.07/σ so that x*'s logit margin has noise of sd about 1 (the linear regime): a
-#: doubled sensitivity moves μ to 4, far enough to refute within 300 runs.
+#: doubled sensitivity moves μ to 4, far enough to refute within 300 runs. Fixed batch (every update seen):
+#: 79 markers and the canary in batches of 8, q = 1/10, 2 epochs at σ = 0.8 (a Poisson claim of ε ≈ 5.7 at
+#: δ = 1e-5), learning rate 2e-3 so the markers stay clipped; in simulation of the ideal fixed-batch
+#: mechanism 160 runs per world refute it at every seed at the main job's per-audit level
+#: (benchmarks/results/every-update-fixed-batch.md).
 TWO_WORLD_SETTINGS: dict[str, dict[str, Any]] = {
     "dataset_size": dict(runs=50, records=2, outputs=1024, noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=1.0),
+    "fixed_batch": dict(runs=160, records=79, outputs=2, noise_multiplier=0.8, sampling_rate=0.1, epochs=2, learning_rate=2e-3),
     "realised_batch": dict(runs=100, records=1, outputs=1024, noise_multiplier=10.0, sampling_rate=0.5, epochs=2, learning_rate=1.0),
     "microbatch": dict(runs=300, records=2, outputs=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1, learning_rate=0.14),
     "worst_case_record": dict(runs=300, records=1, outputs=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1, learning_rate=0.14),

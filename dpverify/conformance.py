@@ -3,7 +3,8 @@
 Any registered implementation, built-in or third party, can be checked against the contract before it is
 audited: cheap, deterministic checks on tiny training runs that catch the errors an audit would report
 late or not at all (wrong output shapes, outputs that are not log-probabilities, a claim that is not
-about the requested run, a target ε missed, seeds that do not decide the run)::
+about the requested run, a target ε missed, seeds that do not decide the run, updates handed over out of
+order or in another layout)::
 
     from dpverify.conformance import run_conformance
     run_conformance(my_implementation)
@@ -51,6 +52,10 @@ __all__ = [
     "check_softmax_regression",
     "check_hidden_layer",
     "affinity_defect",
+    "HANDS_OVER_EVERY_UPDATE",
+    "HANDS_OVER_NO_UPDATES",
+    "designated_shapes",
+    "check_update_hand_over",
     "run_conformance",
 ]
 
@@ -64,6 +69,9 @@ FLOAT32_EPS = float(np.finfo(np.float32).eps)
 UNTOUCHED_COORDINATES = 2
 #: Probe pairs (x, y) of the affinity test: each pair is four points, each a row of one batch.
 PROBE_PAIRS = 8
+#: What :func:`check_update_hand_over` reports of a trainer that passes it.
+HANDS_OVER_EVERY_UPDATE = "hands over every update"
+HANDS_OVER_NO_UPDATES = "hands over no updates"
 
 
 def small_request(
@@ -409,17 +417,83 @@ def affinity_defect(log_proba: Callable[[np.ndarray], np.ndarray], request: Trai
     return defect, _roundoff(request.dimension, out)
 
 
+def designated_shapes(request: TrainingRequest) -> list[tuple[int, ...]]:
+    """The shapes of the designated model's parameters in the order of
+    :attr:`~dpverify.contract.Request.observe_update`: layer by layer, weight (outputs, inputs) then bias
+    (outputs,); the tag head (UniAud++) after the main head."""
+    d, h, c = request.dimension, request.architecture.hidden_width, request.num_classes
+    layers = [(c, d)] if request.architecture.is_softmax_regression else [(h, d), (c, h)]
+    if request.num_tags:
+        layers.append((request.num_tags, h))
+    return [shape for outputs, inputs in layers for shape in ((outputs, inputs), (outputs,))]
+
+
+def check_update_hand_over(impl: Implementation, request: TrainingRequest) -> str:
+    """A trainer that hands its updates over (:attr:`~dpverify.contract.Request.observe_update`) hands over
+    the parameters before the first step and after each, steps 0..T in order, each a tuple of float arrays
+    of :func:`designated_shapes`, copies (unchanged after they were handed over); for softmax regression the
+    first are zero and the last are the black box's model (log-softmax(x Wᵀ + b) within float32 rounding).
+    Returns :data:`HANDS_OVER_EVERY_UPDATE`, or :data:`HANDS_OVER_NO_UPDATES` for a trainer that never calls
+    it: that is no failure (its audits read the final model, and its every-update audits do not run)."""
+    name = _name(impl)
+    handed: list[tuple[int, tuple, tuple[np.ndarray, ...]]] = []
+
+    def observe(step: int, parameters) -> None:
+        snapshot = tuple(np.array(p, copy=True) for p in parameters) if isinstance(parameters, (tuple, list)) else ()
+        handed.append((step, parameters, snapshot))
+
+    trained = _train(impl, dataclasses.replace(request, observe_update=observe))
+    if not handed:
+        return HANDS_OVER_NO_UPDATES
+    steps = request.hyperparameters.steps
+    order = [step for step, _, _ in handed]
+    assert order == list(range(steps + 1)), (
+        f"{name}: observe_update was called for steps {order[:12]}{'...' if len(order) > 12 else ''}; expected "
+        f"0 (before the first step), then 1..{steps} after each DP step, in order"
+    )
+    expected = designated_shapes(request)
+    for step, parameters, snapshot in handed:
+        assert isinstance(parameters, (tuple, list)) and all(isinstance(p, np.ndarray) for p in parameters), (
+            f"{name}: observe_update({step}, ...) must be given a tuple of numpy arrays, got {type(parameters).__name__}"
+        )
+        shapes = [p.shape for p in parameters]
+        assert shapes == expected, (
+            f"{name}: the parameters handed over after step {step} have shapes {shapes}, expected {expected} "
+            "(each weight as (outputs, inputs): transpose a Keras or JAX kernel)"
+        )
+        assert all(np.issubdtype(p.dtype, np.floating) for p in parameters), f"{name}: parameters must be float arrays"
+        assert all(np.array_equal(p, q) for p, q in zip(parameters, snapshot)), (
+            f"{name}: the parameters handed over after step {step} changed later: hand over copies, not the "
+            "training buffers"
+        )
+    if request.architecture.is_softmax_regression and not request.num_tags:
+        weight, bias = (p.astype(np.float64) for p in handed[-1][1])
+        assert not np.any(handed[0][1][0]) and not np.any(handed[0][1][1]), (
+            f"{name}: softmax regression starts at zero, but the parameters handed over before the first step are not"
+        )
+        logits = request.features.astype(np.float64) @ weight.T + bias
+        mine = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+        out = _log_proba(impl, trained, request.features).astype(np.float64)
+        gap, tolerance = float(np.max(np.abs(mine - out))), _roundoff(request.dimension, out)
+        assert gap <= tolerance, (
+            f"{name}: the last parameters handed over are not the returned model's: their log-probabilities "
+            f"differ by {gap:.3g} (float32 rounding allows {tolerance:.3g})"
+        )
+    return HANDS_OVER_EVERY_UPDATE
+
+
 def run_conformance(
     impl: Implementation,
     *,
     request: TrainingRequest | None = None,
     target_epsilon: float = 1.0,
     architectures: Sequence[MLPArchitecture] | None = None,
-) -> None:
+) -> str:
     """All checks on ``request`` (default :func:`small_request`) with the first of ``architectures``, on its
     target-ε twin (:func:`with_target_epsilon`), and on every architecture the output contract and the
     model check (:func:`check_softmax_regression` on the :func:`softmax_regression_request` twin,
-    :func:`check_hidden_layer` for an MLP).
+    :func:`check_hidden_layer` for an MLP), and :func:`check_update_hand_over` on the softmax-regression twin
+    (on ``request`` when the trainer trains no softmax regression); returns what that check reports.
 
     ``architectures`` are the models the implementation trains: by default the request's MLP and softmax
     regression (the model of the default profiles); a trainer that only trains softmax regression gives
@@ -454,3 +528,5 @@ def run_conformance(
         else:
             twin = dataclasses.replace(request, architecture=architecture)
             check_hidden_layer(impl, twin, check_output_contract(impl, twin))
+    softmax_trained = any(architecture.is_softmax_regression for architecture in architectures)
+    return check_update_hand_over(impl, softmax_regression_request(request) if softmax_trained else request)

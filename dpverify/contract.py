@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Callable, Iterable, Literal, Mapping
 
 import numpy as np
 
@@ -34,6 +34,9 @@ TRANSFORMER_INITS: tuple[str, ...] = ("random", "dirac")
 
 #: ``progress(step, steps)``: a trainer's report that DP step ``step`` of ``steps`` is done.
 StepProgress = Callable[[int, int], None]
+#: ``observe_update(step, parameters)``: a trainer's hand-over of the model's parameters after DP step
+#: ``step`` (0: the initial parameters, before the first step); see :attr:`Request.observe_update`.
+UpdateObserver = Callable[[int, "tuple[np.ndarray, ...]"], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,6 +178,19 @@ class DPHyperparameters:
             return self.expected_batch_size
         return self.sampling_rate * num_records
 
+    def fixed_batch_size(self, num_records: int) -> int:
+        """The batch size B of an API that takes fixed-size batches of a shuffled dataset and divides by B
+        (it takes no other normaliser): the designated :attr:`expected_batch_size`, which must then be a
+        whole number, else round(q·``num_records``), at least 1."""
+        normaliser = self.normaliser(num_records)
+        batch_size = max(1, round(normaliser))
+        if self.expected_batch_size is not None and batch_size != normaliser:
+            raise ValueError(
+                f"a fixed-batch API divides by its whole batch size; expected_batch_size must be a whole number "
+                f">= 1, got {self.expected_batch_size:g}"
+            )
+        return batch_size
+
     @property
     def steps_per_epoch(self) -> int:
         return max(1, round(1.0 / self.sampling_rate))
@@ -194,16 +210,36 @@ class Request:
     ``progress``, when given, is called as ``progress(step, steps)`` after each DP step (step counts from
     1 to ``steps``), so that a person watching a minutes-long audit sees it move. It must be cheap (the
     auditor's callback only redraws a line), it cannot change training, and an implementation may ignore
-    it: nothing in the audit depends on it being called."""
+    it: nothing in the audit depends on it being called.
+
+    ``observe_update``, when given, is the adversary of a DP-SGD claim that sees *every* released update,
+    not only the final model (the accountant's ε composes all T releases and bounds exactly that
+    adversary). The trainer calls ``observe_update(0, parameters)`` before its first step and
+    ``observe_update(t, parameters)`` after step t, with the designated model's parameters as float arrays
+    (copies) in the designated order: layer by layer from input to output, each layer's weight as
+    (outputs, inputs) then its bias (outputs,) — torch's ``nn.Linear`` layout; a Keras kernel is
+    transposed. An every-update audit reads the released updates as differences of consecutive
+    parameters; a trainer that never calls it is audited on its final model only, and its every-update
+    audits say that they did not run (never a pass)."""
 
     hyperparameters: DPHyperparameters
     seed: int = 0
     device: str = "cpu"
     progress: StepProgress | None = None
+    observe_update: UpdateObserver | None = None
 
     def __post_init__(self) -> None:
         check_int("seed", self.seed, low=0)
         check_choice("device", self.device, ("cpu", "cuda"))
+
+
+def hand_over_kernels(request: Request, step: int, weights: Callable[[], Iterable[np.ndarray]]) -> None:
+    """Hand the parameters after DP step ``step`` (0: before the first) of a model kept in the kernel layout
+    of Keras and JAX (each layer's kernel (inputs, outputs), then its bias) to the request's
+    :attr:`~Request.observe_update`, if it has one: ``weights()`` is read only then, and each kernel is
+    transposed to the designated (outputs, inputs); copies, as float arrays."""
+    if request.observe_update is not None:
+        request.observe_update(step, tuple(np.array(np.asarray(w).T, copy=True) for w in weights()))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -13,7 +13,6 @@ and did not report is an ``error`` entry, never silently missing.
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from dpverify.results import AuditResult
+from dpverify.results import result_without_bound
 from dpverify.session import AuditSession
 
 #: How the environments of this repository are made (scripts/setup.sh runs noxfile.py's sessions).
@@ -202,16 +201,11 @@ def plan_entry(audit: Any, implementation: Any, config: Any, *, nodeid: str) -> 
 def errored_entry(planned: dict[str, Any], *, cause: str, confidence: float) -> dict[str, Any]:
     """A report entry with verdict ``error`` for a planned audit that did not run, at this session's level."""
     fields = {**planned["fields"], "confidence": confidence}
-    result = AuditResult(
-        **fields,
-        claimed_epsilon=math.nan,
-        epsilon_lower_bound=math.nan,
-        guesses=0,
-        correct=0,
-        optimal_epsilon=math.nan,
-        verdict="error",
-        device="-",
-        seconds=0.0,
-        error=f"{planned['implementation']}: {cause}",
-    )
-    return {"nodeid": planned["nodeid"], **result.to_dict(), "library": planned["library"], "library_version": planned["library_version"]}
+    result = result_without_bound(fields, verdict="error", error=f"{planned['implementation']}: {cause}", device="-", seconds=0.0)
+    return {
+        "nodeid": planned["nodeid"],
+        **result.to_dict(),
+        "counted": planned["counted"],
+        "library": planned["library"],
+        "library_version": planned["library_version"],
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpverify.canaries.worlds import WORLD_BUGS, WORLD_KINDS
+from dpverify.canaries.worlds import BATCH_SIZE_NORMALISED, WORLD_BUGS, WORLD_KINDS
 from dpverify.contract import ImplementationInfo
 
 __all__ = ["GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "gate_audits"]
@@ -21,16 +21,21 @@ WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
 
 
 def applicable_worlds(info: ImplementationInfo) -> tuple[str, ...]:
-    """The worlds that apply to an implementation: to one expected private (or with a known issue), the
-    dataset-size, realised-batch and worst-case-record worlds, and the microbatch world when it has
-    microbatches; to a buggy variant, the worlds built for its bugs.md row (:data:`WORLD_BUGS`); to a
-    language model, none (the worlds are classification datasets), nor to an implementation that cannot take
-    a designated normaliser (:attr:`~dpverify.contract.ImplementationInfo.designated_normaliser`)."""
-    if info.task != "classification" or not info.designated_normaliser:
+    """The worlds that apply to an implementation: to one expected private (or with a known issue that
+    names no bugs.md row), every world but the microbatch world, which needs microbatches; to a buggy
+    variant or a known issue of a bugs.md row, the worlds built for that row (:data:`WORLD_BUGS`); to a
+    language model, none (the worlds are classification datasets). An implementation that cannot take a
+    designated normaliser (:attr:`~dpverify.contract.ImplementationInfo.designated_normaliser`) gets only
+    the worlds whose normaliser is its own batch size (:data:`BATCH_SIZE_NORMALISED`)."""
+    if info.task != "classification":
         return ()
-    if info.expected == "violation":
-        return tuple(world for world in WORLD_KINDS if info.bug in WORLD_BUGS[world])
-    return tuple(world for world in WORLD_KINDS if world != "microbatch" or info.microbatches)
+    if info.expected == "violation" or (info.expected == "known-issue" and info.bug is not None):
+        worlds = tuple(world for world in WORLD_KINDS if info.bug in WORLD_BUGS[world])
+    else:
+        worlds = tuple(world for world in WORLD_KINDS if world != "microbatch" or info.microbatches)
+    if not info.designated_normaliser:
+        worlds = tuple(world for world in worlds if world in BATCH_SIZE_NORMALISED)
+    return worlds
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal, TypeVar
 
 import numpy as np
 
@@ -13,6 +13,20 @@ from dpverify.stats.power import LARGEST_DEFICIT, POWER, AuditPower
 
 Verdict = Literal["pass", "violation", "undecided", "error"]
 VERDICTS: tuple[str, ...] = ("pass", "violation", "undecided", "error")
+T = TypeVar("T")
+#: What :attr:`AuditResult.auxiliary_failures` calls a failure to measure the power (ρ, k*).
+POWER_STEP = "power"
+
+
+def beside_verdict(what: str, compute: Callable[[], T], failures: list[tuple[str, str]]) -> T | None:
+    """``compute()``, or ``None`` with ``(what, "Type: message")`` added to ``failures``: an auxiliary
+    computation (power, the claim check, plots, the report entry) runs after the verdict is decided, and a
+    failure there is reported beside the verdict, never in its place (design rule 15)."""
+    try:
+        return compute()
+    except Exception as exc:
+        failures.append((what, f"{type(exc).__name__}: {exc}"))
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -61,6 +75,15 @@ class AuditResult:
     ``confidence`` is this audit's own level after the session has divided its level among its audits.
 
     ``threshold`` (two-world design only) is where the (ε, δ) test split the runs' scores.
+
+    ``observation`` is what the audit's adversary saw: ``"final model"`` (the black box after training) or
+    ``"every update"`` (each released step, :attr:`~dpverify.contract.Request.observe_update`), the adversary
+    a DP-SGD accountant's ε bounds. ``not_run`` says why an every-update audit did not run (its trainer
+    hands over no updates); its verdict is then ``undecided``, never a pass.
+
+    ``auxiliary_failures``: what failed after the verdict was decided, as ``(what, error)`` pairs (power,
+    the claim check, plots, the report entry); the verdict stands beside them, except that a pass whose
+    power could not be measured is ``undecided`` (a pass states its power, design rule 13).
     """
 
     implementation: str
@@ -100,6 +123,9 @@ class AuditResult:
     scores: np.ndarray | None = field(default=None, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
     bound_by_guesses: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
+    observation: str = "final model"
+    not_run: str | None = None
+    auxiliary_failures: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self, *, include_scores: bool = False) -> dict[str, Any]:
         """JSON-ready fields; raw scores only on request.
@@ -144,6 +170,9 @@ class AuditResult:
             "power": None if self.power is None else self.power.to_dict(),
             "config": self.config,
             "bound_by_guesses": [list(row) for row in self.bound_by_guesses],
+            "observation": self.observation,
+            "not_run": self.not_run,
+            "auxiliary_failures": [{"what": what, "error": error} for what, error in self.auxiliary_failures],
         }
         out["infinite"] = [name for name in _NUMBER_FIELDS if _is_infinite(getattr(self, name))]
         for name in out["infinite"]:
@@ -160,7 +189,42 @@ class AuditResult:
         return f"guesses correct on m = {self.m} canaries"
 
     def summary(self) -> str:
-        """One paragraph a person can act on."""
+        """One paragraph a person can act on; should its wording fail, the verdict in a bare sentence that
+        says so (the text is computed after the verdict and never loses it)."""
+        try:
+            return self._summary() + self._failures_sentence()
+        except Exception as exc:
+            return self._bare(exc)
+
+    def headline(self) -> str:
+        """The audit in one line: the verdict (what a pass could catch), both tests and which decided,
+        the claim and the signal its canaries carried (the bare verdict should the wording fail)."""
+        try:
+            return self._headline()
+        except Exception as exc:
+            return self._bare(exc)
+
+    def _bare(self, exc: Exception) -> str:
+        return (
+            f"{self.implementation}: verdict {str(self.verdict).upper()} ({self.design} design); claimed ε = "
+            f"{self.claimed_epsilon!r} at δ = {self.delta!r}, ε_L = {self.epsilon_lower_bound!r}; error: {self.error!r} "
+            f"(the full text of this verdict could not be written: {type(exc).__name__}: {exc})"
+        )
+
+    def _failures_sentence(self) -> str:
+        if not self.auxiliary_failures:
+            return ""
+        failed = "; ".join(f"{what}: {error}" for what, error in self.auxiliary_failures)
+        return f" Failed beside the verdict, which stands: {failed}."
+
+    @property
+    def power_failed(self) -> bool:
+        """Whether measuring the power failed (a pass is then ``undecided``)."""
+        return any(what == POWER_STEP for what, _ in self.auxiliary_failures)
+
+    def _summary(self) -> str:
+        if self.verdict == "undecided" and math.isnan(self.epsilon_lower_bound):  # refused before training
+            return f"{self.implementation}: verdict UNDECIDED ({self.design} design, {self.relation} relation). {self.claim_derivation}"
         if self.verdict == "error":  # no claim, no bound: only what went wrong
             return (
                 f"{self.implementation}: verdict ERROR ({self.design} design, {self.relation} relation, m = {self.m}). "
@@ -195,8 +259,12 @@ class AuditResult:
                 "gradient, adds N(0, σ²C²) noise to the clipped sum once per step, samples batches the way "
                 "the accountant assumes, and that the accountant is given the σ, q and step count actually used."
             )
+        if self.not_run:
+            return head + f" Not run: {self.not_run}."
         if self.verdict == "undecided" and self.blind:
             return head + f" The audit could not see: {self.blind}."
+        if self.verdict == "undecided" and self.canaries_needed is None and self.power_failed:
+            return head + " Its power could not be measured, and a pass states what it could catch, so it is undecided."
         if self.verdict == "undecided":
             need = f"about {self.canaries_needed}" if self.canaries_needed else "more"
             return head + f" The claim is at or above ε_O, so this audit cannot refute it: use {need} canaries."
@@ -230,9 +298,7 @@ class AuditResult:
             f"smallest noise deficit it would refute with probability ≥ {POWER:g}: {deficit}."
         )
 
-    def headline(self) -> str:
-        """The audit in one line: the verdict (what a pass could catch), both tests and which decided,
-        the claim and the signal its canaries carried."""
+    def _headline(self) -> str:
         if self.verdict == "error":
             return f"error: {(self.error or '').splitlines()[0]}"
         tests = f"ε_L = {self.epsilon_lower_bound:.3f} (ε, δ test)"
@@ -257,6 +323,24 @@ class AuditResult:
         if self.verdict == "pass" and self.power is not None and math.isfinite(self.power.smallest_deficit):
             return f"pass (would catch a k ≥ {deficit_text(self.power.smallest_deficit)} noise deficit)"
         return self.verdict
+
+
+def result_without_bound(fields: dict[str, Any], *, verdict: Verdict, device: str, seconds: float, **more: Any) -> AuditResult:
+    """The result of an audit (its shared ``fields``) that ended before any claim or bound (an error, or
+    an undecided audit refused before training): no claimed ε, ε_L or ceiling (NaN, ``null`` in the
+    report), no guesses; ``more`` fields (``error``, ``canaries_needed``) as given."""
+    return AuditResult(
+        **fields,
+        claimed_epsilon=math.nan,
+        epsilon_lower_bound=math.nan,
+        guesses=0,
+        correct=0,
+        optimal_epsilon=math.nan,
+        verdict=verdict,
+        device=device,
+        seconds=seconds,
+        **more,
+    )
 
 
 class DPViolation(AssertionError):

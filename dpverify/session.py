@@ -6,11 +6,15 @@ The session promises: a correct implementation fails *anywhere* in the session w
 ready-made audit of an implementation expected to be private, ``audits=N`` from a ``dp_audit`` marker, or
 a Hypothesis test's ``max_examples``) and each audit gets confidence ``1 − (1 − confidence)/N``
 (Bonferroni), so the union bound holds whichever audits fail. Audits of declared buggy variants fail the
-session only when they are *not* refuted, so they take no share of the level.
+session only when they are *not* refuted, so they take no share of the level; nor do known issues, nor a
+Hypothesis test's audits after its first failure. Each report entry says whether the level counts it
+(``counted``). A comparison with a baseline that fails the session (``--dp-audit-compare-fail``) is a
+second family of tests at its own full level.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -195,11 +199,12 @@ class AuditSession:
         refutes), curve p its smallest tail bound, and "decided" names the test that refuted the claim. ρ is
         the share of the claimed signal the canaries carried and k* the smallest noise deficit the audit
         would refute with probability 0.8 ("none": not even 10×; "n/a": a two-world audit whose score reads
-        the noise's scale, not the record). The note says why an audit errored, could not see, or how many
-        canaries an undecided one needs. ``ascii`` spells ε and ∞ in ASCII before the columns are aligned,
+        the noise's scale, not the record). "counted" says whether the session's level counts the audit. The
+        note says why an audit errored, could not see, what failed beside its verdict, or how many canaries
+        an undecided one needs. ``ascii`` spells ε and ∞ in ASCII before the columns are aligned,
         for a terminal that cannot show them."""
         header = ("implementation", "test", "design", "claimed ε", "ε_L", "curve ε_L", "curve p", "decided", "ρ", "k*",
-                  "ε_O", "verdict", "expected", "s", "note")  # fmt: skip
+                  "ε_O", "verdict", "expected", "counted", "s", "note")  # fmt: skip
         rows = [header]
         for r in sorted(self.results, key=lambda r: (r["implementation"], r.get("nodeid") or "", r["seed"])):
             expected = r["expected"] if r["detectability"] is None else f"{r['expected']} ({r['detectability']})"
@@ -217,7 +222,8 @@ class AuditSession:
                     _fmt(r, "optimal_epsilon"),
                     f"{r['verdict']} {outcome_mark(r)}".rstrip(),
                     expected,
-                    f"{r['seconds']:.1f}",
+                    _counted_cell(r),
+                    "-" if r.get("seconds") is None else f"{r['seconds']:.1f}",
                     _note(r),
                 )
             )
@@ -232,21 +238,81 @@ class AuditSession:
             "the audits of implementations expected private, the only ones that can raise a false alarm (a buggy "
             "variant's violation and a known issue's are the expected outcomes). '!' marks an outcome other "
             "than expected, '~' a subtle (D3/D4) variant not caught, 'K' a known issue of an unmodified library "
-            "found again."
+            "found again. 'counted' says whether an audit is one of them: 'no' for buggy variants and known "
+            "issues, and for a Hypothesis test's audits after its first failure (replays, outside the level: the "
+            "test has failed already)."
         )
         return lines
 
 
-def audit_entry(result: AuditResult, implementation: Implementation, *, nodeid: str | None = None) -> dict[str, Any]:
-    """One audit as the report holds it: the result's fields, the library and its version, and the test
-    that ran it (``nodeid``: a pytest node id, or ``dpverify audit <name>`` from the command line)."""
+def audit_entry(
+    result: AuditResult, implementation: Implementation, *, nodeid: str | None = None, counted: bool = False
+) -> dict[str, Any]:
+    """One audit as the report holds it: the result's fields, the library and its version, the test that
+    ran it (``nodeid``: a pytest node id, or ``dpverify audit <name>`` from the command line) and whether
+    the session's level counts it (``counted``; the table's column of that name). Never raises: should the
+    result's fields fail to convert, the entry holds its verdict and plain fields, with the failure among
+    its ``auxiliary_failures`` (the report is written after the verdict and never loses it)."""
+    from dpverify.results import beside_verdict
+
+    failures: list[tuple[str, str]] = []
+    fields = beside_verdict("report entry", result.to_dict, failures) or _plain_fields(result)
+    version = beside_verdict("report entry", implementation.library_version, failures)
+    fields["auxiliary_failures"] = [*fields["auxiliary_failures"], *({"what": what, "error": error} for what, error in failures)]
     entry = {"nodeid": nodeid} if nodeid else {}
     return {
         **entry,
-        **result.to_dict(),
+        **fields,
+        "counted": counted,
         "library": implementation.info.library,
-        "library_version": implementation.library_version(),
+        "library_version": version,
     }
+
+
+#: Fields of a report entry that :func:`_plain_fields` copies as they are when the full entry failed.
+_PLAIN_FIELDS = ("implementation", "expected", "detectability", "design", "relation", "claim_consistent", "curve_refuted",
+                 "confidence", "canaries_needed", "m", "guesses", "correct", "verdict", "seed", "device", "error")  # fmt: skip
+#: Number fields of a report entry that it copies when finite.
+_PLAIN_NUMBERS = ("claimed_epsilon", "library_epsilon", "delta", "epsilon_lower_bound", "curve_epsilon_lower_bound",
+                  "curve_p_value", "optimal_epsilon", "seconds")  # fmt: skip
+
+
+def _plain_fields(result: AuditResult) -> dict[str, Any]:
+    """The verdict and the fields the table reads, as plain JSON, for an entry whose full conversion
+    failed."""
+
+    def number(value: Any) -> float | None:
+        try:
+            return float(value) if math.isfinite(float(value)) else None
+        except (TypeError, ValueError):
+            return None
+
+    fields: dict[str, Any] = {name: _plain(getattr(result, name, None)) for name in _PLAIN_FIELDS}
+    fields.update({name: number(getattr(result, name, None)) for name in _PLAIN_NUMBERS})
+    fields.update(infinite=[], power=None, config={}, bound_by_guesses=[])
+    fields["auxiliary_failures"] = [{"what": what, "error": error} for what, error in result.auxiliary_failures]
+    return fields
+
+
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+
+def with_plots(result: AuditResult, directory: str) -> AuditResult:
+    """``result`` once its pictures are saved in ``directory`` (:mod:`dpverify.plots`); should they fail
+    (matplotlib missing included), the failure travels beside the verdict in ``auxiliary_failures``."""
+    from dpverify.results import beside_verdict
+
+    def save() -> None:
+        try:
+            from dpverify.plots import save_audit_plots
+        except ImportError as exc:
+            raise ImportError(f"plots need matplotlib ({exc}): pip install 'dpverify[plots]'") from exc
+        save_audit_plots(result, directory)
+
+    failures: list[tuple[str, str]] = []
+    beside_verdict("plots", save, failures)
+    return dataclasses.replace(result, auxiliary_failures=(*result.auxiliary_failures, *failures)) if failures else result
 
 
 #: ASCII for the symbols dpverify prints, for a terminal whose encoding lacks them.
@@ -292,12 +358,23 @@ def outcome_as_expected(result: dict[str, Any]) -> bool:
 
 
 def _design(result: dict[str, Any]) -> str:
-    """The design, with its world for a two-world audit (``two_world:dataset_size``) and its layer for a
-    layer design (``inclusion:embedding``)."""
-    if result["design"] == "two_world":
-        return f"two_world:{result['config']['worlds']['world']}"
-    layer = result["config"].get("architecture", {}).get("layer")
-    return result["design"] if layer is None else f"{result['design']}:{layer}"
+    """The design, with its world for a two-world audit (``two_world:dataset_size``), its layer for a layer
+    design (``inclusion:embedding``), and ``@updates`` where the adversary saw every released update rather
+    than the final model."""
+    design = result["design"]
+    if design == "two_world":
+        design = f"two_world:{(result.get('config') or {}).get('worlds', {}).get('world', '?')}"
+    layer = ((result.get("config") or {}).get("architecture") or {}).get("layer")
+    if layer is not None:
+        design = f"{design}:{layer}"
+    return f"{design}@updates" if result.get("observation") == "every update" else design
+
+
+def _counted_cell(result: dict[str, Any]) -> str:
+    """'yes' for an audit the session's level counts, 'no' for one outside it, '-' when the entry does not
+    say (a report of an earlier version)."""
+    counted = result.get("counted")
+    return "-" if counted is None else "yes" if counted else "no"
 
 
 def _power_cells(result: dict[str, Any]) -> tuple[str, str]:
@@ -332,9 +409,14 @@ def _note(result: dict[str, Any]) -> str:
     needs."""
     if result["verdict"] == "error" and result["error"]:
         return _clipped(result["error"].splitlines()[0])
+    if result.get("not_run"):
+        return _clipped(f"not run: {result['not_run']}")
     blind = (result.get("power") or {}).get("blind")
     if result["verdict"] == "undecided" and blind:
         return _clipped(f"could not see: {blind}")
+    failures = result.get("auxiliary_failures") or []
+    if failures:
+        return _clipped("failed beside the verdict: " + "; ".join(f"{f['what']}: {f['error']}" for f in failures))
     if result["verdict"] == "undecided":
         needed = result["canaries_needed"]
         if "claimed_epsilon" in result.get("infinite", ()):

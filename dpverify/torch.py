@@ -32,6 +32,7 @@ from dpverify.seeds import Seeds, seeds_for  # noqa: F401  (part of this module'
 
 __all__ = [
     "Seeds",
+    "hand_over_parameters",
     "seeds_for",
     "seed_everything",
     "resolve_device",
@@ -330,3 +331,12 @@ def black_boxes(model: nn.Module, request: TrainingRequest, device: torch.device
         "predict_log_proba": make_predictor(model, device, columns=slice(0, request.num_classes)),
         "predict_tag_log_proba": make_predictor(model, device, columns=slice(request.num_classes, None)),
     }
+
+
+def hand_over_parameters(request: TrainingRequest, step: int, model: nn.Module) -> None:
+    """Hand the model's parameters after DP step ``step`` (0: before the first) to the request's
+    :attr:`~dpverify.contract.Request.observe_update`, if it has one: copies on the CPU, in
+    ``model.parameters()`` order, which for :func:`build_mlp`'s models is the designated order."""
+    if request.observe_update is not None:
+        with torch.no_grad():
+            request.observe_update(step, tuple(p.detach().cpu().numpy().copy() for p in model.parameters()))

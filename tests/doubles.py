@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
-from dpverify.contract import Implementation, ImplementationInfo, PrivacyClaim, TrainedModel, TrainingRequest
+from dpverify.contract import (
+    Implementation,
+    ImplementationInfo,
+    PrivacyClaim,
+    TrainedModel,
+    TrainingRequest,
+    hand_over_kernels,
+)
 from dpverify.stats.curves import ClaimedRun
 
 
@@ -153,10 +160,16 @@ class NumpyDPSGD(Implementation):
     the steps (:func:`claim_for`'s accountant, valid for any q), at the requested or calibrated σ.
 
     ``own_hidden_width`` trains that MLP whatever was requested: a trainer that builds its own model.
-    ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would."""
+    ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would. It hands its
+    parameters to ``request.observe_update`` before the first step and after each, unless
+    ``hands_over_updates`` is false. ``fixed_batches`` takes each epoch's 1/q steps from a fresh shuffle cut
+    into batches of ⌈N·q⌉ (the last one short), as a data loader does, instead of Poisson batches (bugs.md
+    row 9), and still claims what its accountant states for Poisson sampling."""
 
     own_hidden_width: int | None = None
     softmax_only: bool = False
+    hands_over_updates: bool = True
+    fixed_batches: bool = False
     info: ImplementationInfo = field(default_factory=lambda: ImplementationInfo(name="test-numpy-dpsgd", library="numpy"))
 
     def train(self, request: TrainingRequest) -> TrainedModel:
@@ -171,14 +184,16 @@ class NumpyDPSGD(Implementation):
         params = _initial_parameters(width, request.dimension, request.num_classes, rng)
         features = request.features.astype(np.float64)
         onehot = np.eye(request.num_classes)[request.labels]
+        self._hand_over(request, 0, params)
         for step in range(1, hp.steps + 1):
-            batch = np.flatnonzero(rng.random(request.num_records) < hp.sampling_rate)
+            batch = self._batch(request, step, rng)
             grads = _per_record_gradients(params, features[batch], onehot[batch])
-            norms = np.sqrt(sum((g.reshape(len(batch), -1) ** 2).sum(axis=1) for g in grads))
+            norms = np.sqrt(sum((g.reshape(len(batch), int(np.prod(g.shape[1:]))) ** 2).sum(axis=1) for g in grads))
             factors = np.minimum(1.0, hp.max_grad_norm / np.maximum(norms, 1e-12))
             for p, g in zip(params, grads):
                 noisy = np.tensordot(factors, g, axes=1) + rng.normal(0.0, sigma * hp.max_grad_norm, p.shape)
                 p -= hp.learning_rate * noisy / hp.normaliser(request.num_records)
+            self._hand_over(request, step, params)
             if request.progress is not None:
                 request.progress(step, hp.steps)
         epsilon = ClaimedRun(noise_multiplier=sigma, steps=hp.steps).epsilon(hp.delta)
@@ -196,6 +211,21 @@ class NumpyDPSGD(Implementation):
             return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
 
         return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")
+
+
+    def _batch(self, request: TrainingRequest, step: int, rng: np.random.Generator) -> np.ndarray:
+        hp = request.hyperparameters
+        if not self.fixed_batches:
+            return np.flatnonzero(rng.random(request.num_records) < hp.sampling_rate)
+        k = hp.steps_per_epoch
+        if (step - 1) % k == 0:
+            size = math.ceil(request.num_records / k)
+            self._epoch = np.array_split(rng.permutation(request.num_records), range(size, request.num_records, size))
+        return self._epoch[(step - 1) % k]
+
+    def _hand_over(self, request: TrainingRequest, step: int, params: list[np.ndarray]) -> None:
+        if self.hands_over_updates:
+            hand_over_kernels(request, step, lambda: params)
 
 
 def _initial_parameters(width: int, dimension: int, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -272,7 +272,7 @@ def test_worlds_names_the_two_world_audits_and_a_bad_one_is_a_usage_error(capsys
     assert "unknown world(s) shuffle; known: dataset_size" in capsys.readouterr().err
     assert main(["list", "--json"]) == 0
     listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
-    assert listed["reference-dpsgd"]["two_world_worlds"] == ["dataset_size", "realised_batch", "worst_case_record"]
+    assert listed["reference-dpsgd"]["two_world_worlds"] == ["dataset_size", "fixed_batch", "realised_batch", "worst_case_record"]
     assert listed["opacus-dataloader"]["issue"] == "https://github.com/pytorch/opacus/issues/571"
 
 

@@ -181,6 +181,7 @@ def test_the_cli_compares_with_a_baseline(tmp_path, capsys):
         assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "2", "--compare", str(baseline), "--report", str(now)]) == 0
         out = capsys.readouterr().out
         assert "comparison with the baseline:" in out and "ROSE significantly (p = " in out
+        assert "A family of its own beside the audits' level: failing the session on a rise (compare-fail) can add up to 0.05" in out
         assert json.loads(now.read_text())["comparison"]["audits"][0]["rose"] is True
         assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "2", "--compare", str(baseline), "--compare-fail"]) == 1
         assert main(["audit", "cli-drifted", "--compare", str(tmp_path / "missing.json")]) == 2

@@ -257,3 +257,75 @@ def test_small_request_is_valid_and_tiny():
     )
     twin = conformance.with_target_epsilon(request, 3.0)
     assert twin.features is request.features and twin.hyperparameters.target_epsilon == 3.0
+
+
+# --- every released update ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.info.name)
+def test_every_bundled_trainer_hands_over_every_update(impl, request_sigma):
+    impl = _available(impl)
+    softmax = conformance.softmax_regression_request(request_sigma)
+    assert conformance.check_update_hand_over(impl, softmax) == conformance.HANDS_OVER_EVERY_UPDATE
+
+
+def test_a_trainer_that_hands_over_nothing_is_reported_not_failed():
+    assert conformance.run_conformance(NumpyDPSGD(hands_over_updates=False)) == conformance.HANDS_OVER_NO_UPDATES
+
+
+def test_a_trainer_that_hands_over_its_updates_passes_with_any_model():
+    trainer = NumpyDPSGD()
+    assert conformance.run_conformance(trainer) == conformance.HANDS_OVER_EVERY_UPDATE
+    assert conformance.check_update_hand_over(trainer, conformance.small_request()) == conformance.HANDS_OVER_EVERY_UPDATE
+    assert conformance.designated_shapes(conformance.small_request()) == [(16, 8), (16,), (4, 16), (4,)]
+
+
+class _HandsOver(_Fake):
+    """A softmax regression whose zero start and trained weights it hands over as ``mistake`` says."""
+
+    def __init__(self, mistake=None):
+        super().__init__()
+        self.mistake = mistake
+
+    def train(self, request):
+        trained = super().train(request)
+        d, c, steps = request.dimension, request.num_classes, request.hyperparameters.steps
+        rng = np.random.default_rng(request.seed)
+        weight, bias = rng.standard_normal((c, d)), rng.standard_normal(c)
+        live = [np.zeros((c, d)), np.zeros(c)]
+        for step in range(steps + 1):
+            if step == steps:
+                live[0][:], live[1][:] = weight, bias
+            if self.mistake == "skips a step" and step == 2:
+                continue
+            if self.mistake == "keras layout":
+                request.observe_update(step, (live[0].T.copy(), live[1].copy()))
+            elif self.mistake == "live buffers":
+                request.observe_update(step, tuple(live))
+            else:
+                request.observe_update(step, (live[0].copy(), live[1].copy()))
+            if self.mistake == "live buffers":
+                live[0] += 1.0
+
+        def predict(features):
+            x = np.asarray(features, np.float64)
+            logits = x @ weight.T + bias + (x[:, :c] if self.mistake == "another model" else 0.0)
+            return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+        return TrainedModel(predict_log_proba=predict, claim=trained.claim, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "mistake, message",
+    [
+        ("skips a step", "called for steps \\[0, 1, 3"),
+        ("keras layout", "shapes \\[\\(6, 4\\), \\(4,\\)\\], expected \\[\\(4, 6\\), \\(4,\\)\\].*transpose"),
+        ("live buffers", "changed later: hand over copies"),
+        ("another model", "not the returned model's"),
+    ],
+)
+def test_the_hand_over_check_catches(mistake, message):
+    request = conformance.softmax_regression_request(conformance.small_request(dimension=6))
+    assert conformance.check_update_hand_over(_HandsOver(), request) == conformance.HANDS_OVER_EVERY_UPDATE
+    with pytest.raises(AssertionError, match=f"fake-impl: .*{message}"):
+        conformance.check_update_hand_over(_HandsOver(mistake), request)

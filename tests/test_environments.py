@@ -100,7 +100,7 @@ def test_an_environment_that_dies_leaves_its_owed_audits_as_errors(setup, tmp_pa
     assert run.returncode == 1
     entries = {entry["implementation"]: entry for entry in json.loads(report.read_text())["audits"]}
     assert entries["family-oblivious"]["verdict"] != "error"  # it ran before the other one died: kept
-    assert entries["family-segfaults"]["verdict"] == "error"
+    assert entries["family-segfaults"]["verdict"] == "error" and entries["family-segfaults"]["counted"] is True
     assert f"the run in {environment} ended without this audit (exit status 3" in entries["family-segfaults"]["error"]
     assert "1 audit(s) marked as errors" in run.stderr
     assert "unexpected: family-segfaults error" in run.stdout

@@ -16,10 +16,13 @@ import pytest
 
 import dpverify_jaxprivacy
 from dpverify.conformance import run_conformance, small_request
+from dpverify.seeds import seeds_for
+from tests.updates import applied_batches, dirac_request, observed
 
 CORRECT = ("jax-privacy-core", "jax-privacy-keras")
 KNOWN_ISSUES = {
     "jax-privacy-keras-accumulation": "https://github.com/google-deepmind/jax_privacy/pull/287",
+    "jax-privacy-keras-fixed-batches": "https://github.com/google-deepmind/jax_privacy/issues/84",
 }
 STEPS = ("no_noise", "no_clipping", "noise_for_mean", "noise_for_clip_norm")
 
@@ -188,7 +191,7 @@ def test_the_core_step_is_traced_once_for_runs_of_other_sizes_and_noise(jax_priv
     assert _core._traced_step.cache_info().currsize == 1
 
 
-@pytest.mark.parametrize("name", CORRECT)
+@pytest.mark.parametrize("name", CORRECT + ("jax-privacy-keras-fixed-batches",))
 def test_conformance(jax_privacy, name):
     run_conformance(implementation(name))
 
@@ -225,3 +228,55 @@ def test_tags_and_a_fractional_batch_are_refused_with_the_fix(jax_privacy):
     )
     with pytest.raises(RuntimeError, match="jax-privacy-core: .*no UniAud\\+\\+ tags"):
         implementation("jax-privacy-core").train(tagged)
+
+
+# --- every released update ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CORRECT + ("jax-privacy-keras-fixed-batches",))
+def test_every_update_is_handed_over_and_is_the_dp_step_on_its_batch(jax_privacy, name):
+    """Softmax regression on 4 Dirac records, q = 1/4, 2 epochs, σ = 0: the observer gets steps 0..8 as
+    [(C, d), (C,)] (kernels transposed), and each difference is exactly −lr · the clipped gradients of the
+    step's batch over the normaliser (qN = 1 for Poisson batches, B = 1 for fixed ones). The core path's and
+    the fixed path's batches are their samplers'; the Keras API draws its Poisson batches inside fit."""
+    from jax_privacy import batch_selection
+
+    from dpverify_jaxprivacy._keras import ShuffledBatches
+
+    request, handed = observed(dirac_request())
+    implementation(name).train(request)
+    batches = [b.tolist() for b in applied_batches(request, handed, normaliser=1.0)]
+    hp, seeds = request.hyperparameters, seeds_for(request.seed)
+    if name == "jax-privacy-core":
+        sampler = batch_selection.CyclicPoissonSampling(sampling_prob=hp.sampling_rate, iterations=hp.steps)
+        assert batches == [sorted(b) for b in sampler.batch_iterator(request.num_records, rng=seeds.sampling)]
+    elif name == "jax-privacy-keras-fixed-batches":
+        data = ShuffledBatches(request.features, request.labels, batch_size=1, steps=hp.steps, seed=seeds.sampling)
+        assert batches == [sorted(b) for b in data.batches.tolist()]
+        assert sorted(sum(batches[:4], [])) == sorted(sum(batches[4:], [])) == [0, 1, 2, 3]  # each record once an epoch
+
+
+def test_fixed_batches_are_full_and_the_remainder_sits_out(jax_privacy):
+    """N = 5 at q = 1/2: B = round(2.5) = 2, each epoch two full batches of a random order and one record
+    left out; exactly the request's 6 steps; the claim is the library's Poisson account at q = B/N = 0.4.
+    Why not Keras' own batching: fit(x, y, batch_size=2) on 5 records hands over a short last batch, which
+    the library's train step refuses."""
+    import keras
+    from jax_privacy import keras_api
+
+    request, handed = observed(dirac_request(records=5, sampling_rate=0.5, epochs=3))
+    trained = implementation("jax-privacy-keras-fixed-batches").train(request)
+    moved = [np.flatnonzero(np.any(b[0] != a[0], axis=0)).tolist() for (_, a), (_, b) in zip(handed, handed[1:])]
+    assert [len(m) for m in moved] == [2] * 6
+    for epoch in (moved[0:2], moved[2:4], moved[4:6]):
+        assert len(set(sum(epoch, []))) == 4  # four records, one sat out
+    assert trained.claim.sampling_rate == 0.4 and trained.claim.steps == 6
+
+    config = keras_api.DPKerasConfig(
+        epsilon=100.0, delta=1e-5, clipping_norm=1.0, batch_size=2, gradient_accumulation_steps=1, train_steps=3,
+        train_size=5, noise_multiplier=2.0,
+    )
+    model = keras_api.make_private(keras.Sequential([keras.Input(shape=(6,)), keras.layers.Dense(3)]), config)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="batch size in the DP parameters is not equal to the batch size of the actual data"):
+        model.fit(request.features, request.labels, batch_size=2, epochs=1, verbose=0)

@@ -288,3 +288,72 @@ def test_a_markers_noise_multiplier_is_audited_as_given_and_a_call_keyword_wins_
     result = run(project, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-set=epsilon=4.0")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*give one privacy target, epsilon or noise_multiplier, not both*"])
+
+
+BLIND_THEN_LEAKING = """
+from hypothesis import Phase, example, given, settings, strategies as st
+from dpverify.strategies import audit_settings
+from tests.doubles import GaussianMechanism, Oblivious
+
+@settings(audit_settings, max_examples=4, database=None, phases=[Phase.explicit])
+@example(kind={first!r}, m={first_m})
+@example(kind={second!r}, m=500)
+@example(kind={third!r}, m=510)
+@example(kind={third!r}, m=520)
+@given(kind=st.just("blind"), m=st.just(500))
+def test_drawn(dp_audit, kind, m):
+    # Blind: a trainer that ignores its canaries (and the designated model). Leaking: the claimed
+    # mechanism with 3x its signal, refuted at m = 500 in 6 of 6 seeds tried; three leaking examples
+    # all missing it would take three misses in a row.
+    implementation = Oblivious(claimed_epsilon=2.0) if kind == "blind" else GaussianMechanism(claimed_epsilon=2.0, signal=3.0)
+    dp_audit(implementation, m=m, dimension=m, num_classes=5, epsilon=2.0)
+"""
+
+
+def test_a_blind_hypothesis_example_is_noted_and_the_next_ones_still_find_the_violation(project, tmp_path):
+    project.makepyfile(BLIND_THEN_LEAKING.format(first="blind", first_m=500, second="leaking", third="leaking"))
+    report = tmp_path / "r.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", f"--dp-audit-report={report}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*verdict VIOLATION*", "*test-gaussian-mechanism * violation ! * private * no *"])
+    result.stdout.fnmatch_lines(["*UndecidedExample: *test_drawn: an undecided example: test-oblivious*"])
+    audits = json.loads(report.read_text())["audits"]
+    assert [(a["verdict"], a["counted"]) for a in audits[:2]] == [("undecided", True), ("violation", True)]
+    assert all(a["verdict"] == "violation" and a["counted"] is False for a in audits[2:])  # after the failure
+
+
+def test_a_hypothesis_example_refused_before_training_is_noted_and_the_test_goes_on(project):
+    project.makepyfile(BLIND_THEN_LEAKING.format(first="leaking", first_m=20, second="leaking", third="leaking"))
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*verdict VIOLATION*"])
+    result.stdout.fnmatch_lines(["*UndecidedExample: *test_drawn: an undecided example: test-gaussian-mechanism: not run: m = 20*"])
+
+
+def test_a_hypothesis_test_is_undecided_only_when_every_example_was(project):
+    project.makepyfile(BLIND_THEN_LEAKING.format(first="blind", first_m=500, second="blind", third="blind"))
+    result = run(project, "--dp-audit", "--dp-audit-implementations=none", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*every one of the 4 example(s) was undecided*"])
+    strict = run(project, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-strict")
+    strict.assert_outcomes(failed=1)
+
+
+def test_the_table_and_report_say_which_audits_the_level_counts(project, tmp_path):
+    """Counted: the audits of implementations expected private. Not: a buggy variant's, a known issue's."""
+    project.makeconftest(
+        CONFTEST
+        + """
+register_implementation(Memoriser(info=ImplementationInfo(
+    name="known-leak", library="numpy", expected="known-issue", issue="https://example.org/issue/1")))
+register_implementation(Memoriser(info=ImplementationInfo(
+    name="caught-d1", library="numpy", expected="violation", breaks="adds no noise", detectability="D1")))
+"""
+    )
+    report = tmp_path / "r.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-*,known-*,caught-*", f"--dp-audit-report={report}")
+    result.assert_outcomes(passed=3)
+    data = json.loads(report.read_text())
+    assert {a["implementation"]: a["counted"] for a in data["audits"]} == {"third-party-private": True, "known-leak": False, "caught-d1": False}
+    assert data["planned_audits"] == 1
+    result.stdout.fnmatch_lines(["*counted*", "*caught-d1 * violation * no *", "*known-leak * violation K * no *", "*third-party-private * pass * yes *"])

@@ -72,7 +72,7 @@ def test_ascii_table_aligns_after_spelling_out_symbols():
     assert all(line.isascii() for line in (header, rule, row)) and "claimed eps" in header and " inf " in row
     # Each column's rule starts where its header does.
     starts = [i for i in range(1, len(rule)) if rule[i] == "-" and rule[i - 1] == " "]
-    assert len(starts) == 14 and all(header[i - 2 : i] == "  " and header[i] != " " for i in starts)
+    assert len(starts) == 15 and all(header[i - 2 : i] == "  " and header[i] != " " for i in starts)
 
 
 def test_the_report_says_what_made_it(tmp_path):

@@ -352,7 +352,10 @@ def test_empty_batch_is_a_noise_only_step(mode):
 def test_variant_catalogue():
     variants = [impl for impl in dpverify_opacus.implementations() if impl.info.expected == "violation"]
     classification = [impl for impl in variants if impl.info.task == "classification"]
-    assert sorted(impl.info.bug for impl in classification) == list(range(1, 13))
+    # Row 9 is no variant: Opacus' own poisson_sampling=False is that bug, registered as a known issue.
+    assert sorted(impl.info.bug for impl in classification) == [row for row in range(1, 13) if row != 9]
+    shuffled = next(impl for impl in dpverify_opacus.implementations() if impl.info.name == "opacus-shuffled-batches")
+    assert shuffled.info.expected == "known-issue" and shuffled.info.bug == 9
     for impl in variants:
         info = impl.info
         assert info.breaks and info.detectability in ("D1", "D2", "D3", "D4") and info.notes

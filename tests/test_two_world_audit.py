@@ -4,7 +4,7 @@ runs (reference DP-SGD, Opacus), and it says error / undecided out loud."""
 import numpy as np
 import pytest
 
-from dpverify.audits.two_world import full_batch_gdp_mu, run_two_world_audit
+from dpverify.audits.two_world import full_batch_gdp_mu, look_schedule, run_two_world_audit
 from dpverify.canaries.worlds import (
     TwoWorldConfig,
     TwoWorlds,
@@ -93,7 +93,8 @@ def test_reference_is_not_refuted_by_a_two_world_audit_in_the_worst_case_world(r
     assert len(result.scores_d) == len(result.scores_dprime) == 40
     assert result.claimed_mu == pytest.approx(2 * 1 / 2.0)  # replace-one, one full-batch step at σ = 2
     assert result.claimed_epsilon_d == result.claimed_epsilon_dprime > 0
-    assert result.epsilon_ceiling == pytest.approx(two_world_ceiling(40, delta=hp.delta)[0])
+    last_look = look_schedule(40, 0.95)[-1][1]  # a pass is decided at the last look, at its share of the level
+    assert result.epsilon_ceiling == pytest.approx(two_world_ceiling(40, delta=hp.delta, confidence=last_look)[0])
     again = run_two_world_audit(reference, world=world, runs=40, hyperparameters=hp, architecture=SMALL, seed=7)
     assert again.scores_d == result.scores_d and again.scores_dprime == result.scores_dprime  # the seed decides
 
@@ -190,7 +191,10 @@ def test_the_unmodified_opacus_leaks_the_datasets_size_as_its_open_report_says()
         architecture=MLPArchitecture(hidden_width=1024), seed=0,
     )
     assert result.verdict == "violation", result
-    assert result.bound.epsilon_lower_bound > result.claimed_epsilon
+    # The worlds never overlap, so the audit stops at its first look (half of the runs; the quarter's 15
+    # are under MIN_LOOK_RUNS), where the curve test at an eighth of the level already refutes the claim.
+    assert len(result.scores_d) == len(result.scores_dprime) == 30
+    assert result.bound.refutes or result.bound.epsilon_lower_bound > result.claimed_epsilon
 
 
 def test_failed_training_is_an_error_naming_the_cause():
@@ -250,7 +254,8 @@ def test_the_two_world_design_reaches_the_finding_through_the_marker(pytester):
         @pytest.mark.dp_audit(design="two_world", noise_multiplier=3.0, epochs=1, learning_rate=1.0, hidden_width=1024, runs=60)
         def test_finding(dp_audit):
             result = dp_audit("opacus-dataloader")
-            assert result.verdict == "violation" and result.design == "two_world" and result.m == 60
+            # m: the runs per world it took, stopping at its first look (30 of 60: the worlds never overlap)
+            assert result.verdict == "violation" and result.design == "two_world" and result.m == 30
         """
     )
     report = pytester.path / "r.json"
@@ -284,3 +289,48 @@ def test_a_two_world_result_reports_and_plots_its_threshold(reference, tmp_path)
     assert result.to_dict()["threshold"] == pytest.approx(result.threshold)
     path = save_audit_plots(result, tmp_path)
     assert path.name == "reference-dpsgd-seed0.png" and path.stat().st_size > 0
+
+
+class ExactAtLooseDelta(Oblivious):
+    """Learns nothing and claims an exact (2, 1e-3) Gaussian mechanism: true, though not (2, 1e-5)-DP."""
+
+    def train(self, request):
+        import dataclasses
+
+        from dpverify.contract import PrivacyClaim
+        from tests.doubles import _calibrated_sigma
+
+        hp = request.hyperparameters
+        claim = PrivacyClaim(epsilon=2.0, delta=1e-3, accountant="test", noise_multiplier=_calibrated_sigma(2.0, steps=hp.steps, delta=1e-3),
+                             sampling_rate=hp.sampling_rate, steps=hp.steps)  # fmt: skip
+        return dataclasses.replace(super().train(request), claim=claim)
+
+
+@pytest.mark.parametrize("world", ["dataset_size", "realised_batch", "worst_case_record"])
+def test_a_two_world_audit_tests_the_claim_at_the_delta_it_is_stated_at(world):
+    from dpverify.audits import run_audit
+    from dpverify.config import two_world_config
+    from dpverify.stats.two_world import two_world_bound
+
+    config = two_world_config("quick", world, runs=40).with_overrides(seed=2)
+    assert config.hyperparameters.delta == 1e-5  # requested; the claim holds at 1e-3
+    result = run_audit(ExactAtLooseDelta(), config)
+    assert result.delta == 1e-3 and result.verdict != "error", result.error
+    assert result.optimal_epsilon == pytest.approx(two_world_ceiling(40, delta=1e-3, confidence=config.confidence)[0])
+    d, dprime = result.scores[result.membership == -1], result.scores[result.membership == 1]
+    bound = two_world_bound(d, dprime, delta=1e-3, confidence=config.confidence)
+    assert result.epsilon_lower_bound == pytest.approx(bound.epsilon_lower_bound)
+
+
+def test_the_worst_case_record_world_checks_the_designated_model_as_the_one_run_audit_does():
+    """A correct trainer that builds a 64-unit MLP where softmax regression is designated: the world's score
+    reads the record through the designated model, so it cannot pass (it passed with ρ 0.46 before)."""
+    from dpverify.audits import run_audit
+    from dpverify.config import two_world_config
+    from tests.doubles import NumpyDPSGD
+
+    config = two_world_config("quick", "worst_case_record").with_overrides(seed=5)
+    own_model = run_audit(NumpyDPSGD(own_hidden_width=64), config)
+    assert own_model.verdict == "undecided" and "not the designated" in own_model.blind
+    designated = run_audit(NumpyDPSGD(), config)
+    assert designated.power is not None and designated.power.blind is None

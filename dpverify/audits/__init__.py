@@ -3,17 +3,18 @@ picks the kind from above (nothing below imports this package's ``__init__``).""
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 from dpverify.audits.classification import run_classification_audit
 from dpverify.audits.data_dependent import run_data_audit
 from dpverify.audits.language import language_config_like, run_language_audit
-from dpverify.audits.steps import Progress, Undecidable, one_run_undecidable
+from dpverify.audits.steps import Progress, Undecidable, one_run_undecidable, result_fields
 from dpverify.audits.two_world import run_two_world_design, two_world_undecidable
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress
 from dpverify.execution import Executor
-from dpverify.results import AuditResult
+from dpverify.results import AuditResult, result_without_bound
 
 
 def run_audit(
@@ -64,3 +65,39 @@ def undecidable(implementation: Implementation, config: Any) -> Undecidable | No
     if config.design == "two_world":
         return two_world_undecidable(config)
     return one_run_undecidable(config, run_sizes=(config.audit_size,) if config.is_data_dependent else None)
+
+
+def refused_result(implementation: Implementation, config: Any, refusal: Undecidable) -> AuditResult:
+    """Verdict ``undecided`` of an audit refused before training (:func:`undecidable` gave ``refusal``):
+    nothing ran, so no claim, bound or ceiling (NaN); ``canaries_needed`` is the setting that would decide,
+    and ``claim_derivation`` says why it was not run."""
+    settings = _as_run(implementation, config)
+    return result_without_bound(
+        result_fields(implementation, settings, settings.audit_size),
+        verdict="undecided",
+        canaries_needed=refusal.needed,
+        claim_derivation=f"Not run: {refusal.message()}",
+        device=str(settings.device),
+        seconds=0.0,
+    )
+
+
+def _as_run(implementation: Implementation, config: Any) -> Any:
+    """``config`` as :func:`run_audit` runs it for ``implementation`` (a language model's own config)."""
+    return language_config_like(config) if implementation.info.task == "language" else config
+
+
+def auditor_failure(implementation: Implementation, config: Any, exc: Exception, *, seconds: float) -> AuditResult:
+    """Verdict ``error`` for an audit of ``implementation`` under ``config`` whose own code raised ``exc``
+    (a dpverify bug, not the implementation's failure, which :func:`run_audit` reports itself): the faces
+    record it and go on, so one audit's crash never ends the session nor goes unreported."""
+    settings = _as_run(implementation, config)
+    where = "".join(traceback.format_exception(exc, limit=-3)).rstrip()
+    return result_without_bound(
+        result_fields(implementation, settings, settings.audit_size),
+        verdict="error",
+        device=str(settings.device),
+        seconds=seconds,
+        error=f"{implementation.info.name}: the audit itself failed ({type(exc).__name__}: {exc}); this is a "
+        f"dpverify bug, please report it with this trace:\n{where}",
+    )

@@ -26,7 +26,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 import numpy as np
 
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, StepProgress, TrainedModel, TrainingRequest
-from dpverify.results import AuditResult
+from dpverify.results import POWER_STEP, AuditResult, beside_verdict
 from dpverify.stats.accounting import optimistic_epsilon
 from dpverify.stats.bounds import epsilon_lower_bound
 from dpverify.stats.curves import (
@@ -37,7 +37,7 @@ from dpverify.stats.curves import (
     curve_refutes,
     curve_test,
 )
-from dpverify.stats.power import judge, measure_power, one_run_deficit
+from dpverify.stats.power import AuditPower, judge, measure_power, one_run_deficit
 from dpverify.stats.scoring import GuessRule, correct_counts
 
 Progress = Callable[[str], None]
@@ -623,24 +623,29 @@ def concluded_result(
         delta=delta,
     )
     verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m, delta=delta, curve=curve)
-    power = measure_power(
-        run,
-        scores,
-        membership,
-        smallest_deficit=lambda fraction: one_run_deficit(
+    failures: list[tuple[str, str]] = []
+    # The claim check can only turn a verdict into a violation: should it fail, the tests' verdict stands.
+    inconsistency = beside_verdict("claim check", lambda: claim_inconsistency(trained.claim), failures)
+    verdict, power = power_beside_verdict(
+        verdict,
+        lambda: measure_power(
             run,
-            fraction=fraction,
-            run_sizes=sizes,
-            guess_rule=config.guess_rule,
-            claimed_epsilon=claimed,
-            delta=delta,
-            confidences=(steinke_confidence, curve_confidence),
+            scores,
+            membership,
+            smallest_deficit=lambda fraction: one_run_deficit(
+                run,
+                fraction=fraction,
+                run_sizes=sizes,
+                guess_rule=config.guess_rule,
+                claimed_epsilon=claimed,
+                delta=delta,
+                confidences=(steinke_confidence, curve_confidence),
+            ),
+            expected_signal=expected_signal(config),
+            not_designated=not_designated,
         ),
-        expected_signal=expected_signal(config),
-        not_designated=not_designated,
+        failures,
     )
-    verdict, power = judge(verdict, power)
-    inconsistency = claim_inconsistency(trained.claim)
     if inconsistency:
         verdict, needed, derivation = "violation", None, f"{derivation}. {inconsistency}"
     return AuditResult(
@@ -669,7 +674,21 @@ def concluded_result(
         bound_by_guesses=outcome.bound_by_guesses,
         test_accuracy=test_accuracy,
         power=power,
+        auxiliary_failures=tuple(failures),
     )
+
+
+def power_beside_verdict(
+    verdict: str, measure: Callable[[], AuditPower | None], failures: list[tuple[str, str]]
+) -> tuple[str, AuditPower | None]:
+    """``(verdict, power)`` once the power ``measure`` gives is weighed (:func:`~dpverify.stats.power.judge`).
+    Power is measured after the verdict is decided: a failure there is added to ``failures`` and leaves the
+    verdict as it was, except a pass, which must state its power (design rule 13) and is ``undecided``."""
+    before = len(failures)
+    power = beside_verdict(POWER_STEP, measure, failures)
+    if len(failures) > before:
+        return ("undecided" if verdict == "pass" else verdict), None
+    return judge(verdict, power)
 
 
 #: The signal fraction Dirac canaries carry in the designated softmax regression in a correct implementation,

@@ -26,9 +26,11 @@ from dpverify.audits.steps import (
     claimed_epsilon,
     claimed_run,
     designated_claim,
+    designated_model_defect,
     target_claim,
     query_black_box,
     in_task_order,
+    power_beside_verdict,
     resolve_device,
     train_through_contract,
     until_failure,
@@ -39,7 +41,7 @@ from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture
 from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
 from dpverify.stats.curves import ClaimedRun
-from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, two_world_deficit
+from dpverify.stats.power import AuditPower, gdp_mu, measure_power, two_world_deficit
 from dpverify.stats.two_world import (
     TradeOffCurve,
     TwoWorldBound,
@@ -52,7 +54,11 @@ from dpverify.stats.two_world import (
 )
 
 __all__ = [
+    "LOOKS",
     "TwoWorldResult",
+    "claimed_curve",
+    "look_schedule",
+    "refuting_bound",
     "full_batch_gdp_curve",
     "full_batch_gdp_mu",
     "run_two_world_audit",
@@ -72,9 +78,70 @@ def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
 
 
 def full_batch_gdp_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve | None:
-    """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts."""
+    """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts of its
+    final model."""
     mu = full_batch_gdp_mu(claim, relation)
     return None if mu is None else gdp_curve(mu)
+
+
+def claimed_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve:
+    """The whole trade-off curve the claim's (σ, q, T) asserts, at any q (exact GDP at q = 1, the PLD
+    envelope below it; :meth:`~dpverify.stats.curves.ClaimedRun.curve`): what an every-update world tests,
+    since the accountant's ε composes exactly the T releases that adversary sees."""
+    return claimed_run(claim, relation).curve()
+
+
+#: The looks of a two-world audit: after each fraction of its runs per world, the tests at that share of
+#: the audit's level 1 − confidence. The shares add up to 1, so by the union bound a correct implementation
+#: is refuted at some look with probability at most the level, however the looks stop it (optional
+#: stopping costs nothing); an obvious violation stops after a quarter of the runs, a pass runs them all
+#: at three quarters of the level.
+LOOKS: tuple[tuple[float, float], ...] = ((0.25, 0.125), (0.5, 0.125), (1.0, 0.75))
+#: Fewest runs per world a look counts on (the split test holds out half of them).
+MIN_LOOK_RUNS = 20
+
+
+def look_schedule(runs: int, confidence: float) -> list[tuple[int, float]]:
+    """``[(runs per world, confidence), ...]`` of :data:`LOOKS` for an audit of ``runs`` per world: a look
+    under :data:`MIN_LOOK_RUNS` runs (or at the runs of the one after) gives its share to the next."""
+    level = 1.0 - check_probability("confidence", confidence)
+    schedule, carried = [], 0.0
+    for fraction, share in LOOKS:
+        at = runs if fraction == 1.0 else round(fraction * runs)
+        carried += share
+        if fraction < 1.0 and (at < MIN_LOOK_RUNS or at >= runs):
+            continue
+        if schedule and schedule[-1][0] == at:
+            continue
+        schedule.append((at, 1.0 - carried * level))
+        carried = 0.0
+    return schedule
+
+
+def _pointwise_lowest(curves: list[TradeOffCurve | None]) -> TradeOffCurve | None:
+    """The pointwise lowest of the claims' curves (each claim asserts the pair), ``None`` if one has none."""
+    if not curves or any(c is None for c in curves):
+        return None
+    return curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
+
+
+def refuting_bound(
+    scores_d, scores_dprime, *, claimed_epsilon: float, curve: TradeOffCurve | None, delta: float, confidence: float
+) -> TwoWorldBound | None:
+    """Both tests of one look at ``confidence``: their bound when either refutes the claim, else ``None``."""
+    bound = two_world_bound(scores_d, scores_dprime, delta=delta, confidence=confidence, claimed_curve=curve)
+    return bound if bound.epsilon_lower_bound > claimed_epsilon or bound.refutes else None
+
+
+def _early_refutation(
+    scores: dict[str, list[float]], claims: dict[str, set], curves: list, *, delta: float, confidence: float
+) -> TwoWorldBound | None:
+    """:func:`refuting_bound` at a look before the last, on the runs so far and their claims."""
+    claimed = max(max(claims["d"]), max(claims["dprime"]))
+    return refuting_bound(
+        scores["d"], scores["dprime"], claimed_epsilon=claimed, curve=_pointwise_lowest(curves), delta=delta,
+        confidence=confidence,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -86,9 +153,14 @@ class TwoWorldResult:
     in the two worlds, and each claim asserts the pair), in the world's ``relation``. ``claimed_mu`` is the
     GDP μ full-batch claims assert (the larger of the two; ``None`` for q < 1), for the report. Verdict:
     ``violation`` when the (ε, δ) test's ε_L exceeds ``claimed_epsilon`` or the curve test refutes the
-    claimed curve (the pointwise lower of the two worlds'; the two tests share ``confidence``);
-    ``undecided`` when the runs' ceilings could not refute the claim however the
-    scores fell (``runs_needed`` per world would); ``error`` when a run failed; else ``pass``.
+    claimed curve (the pointwise lower of the two worlds'; the two tests share ``confidence``, spent over
+    the looks of :func:`look_schedule`, the first that refutes ending the audit: ``scores_d`` then hold
+    the runs it took); ``undecided`` when the runs' ceilings could not refute the claim however the
+    scores fell (``runs_needed`` per world would), or when the world's adversary sees every update and
+    the trainer handed over none (``not_run`` says so); ``error`` when a run failed; else ``pass``.
+    ``observation`` is what the world's adversary saw: ``"final model"`` or ``"every update"``.
+    ``auxiliary_failures``: what failed beside the verdict (the power), as in
+    :class:`~dpverify.results.AuditResult`.
     """
 
     implementation: str
@@ -114,6 +186,9 @@ class TwoWorldResult:
     scores_dprime: tuple[float, ...] = ()
     error: str | None = None
     power: AuditPower | None = None
+    observation: str = "final model"
+    not_run: str | None = None
+    auxiliary_failures: tuple[tuple[str, str], ...] = ()
 
     @property
     def epsilon_lower_bound(self) -> float:
@@ -143,12 +218,14 @@ class _SharedByRuns:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """One run, as a task returns it: the world's score of its black box, its claim and where it trained
-    (what :func:`~dpverify.audits.steps.claimed_epsilon` reads; the trained model itself stays behind)."""
+    """One run, as a task returns it: the world's score of its black box (or its candidate scores, an
+    array), its claim and where it trained (what :func:`~dpverify.audits.steps.claimed_epsilon` reads; the
+    trained model itself stays behind)."""
 
-    score: float
+    score: float | np.ndarray
     claim: PrivacyClaim
     device: str
+    not_designated: str | None = None
 
 
 def _train_runs(task: tuple[_SharedByRuns, range]) -> tuple[list[RunOutcome], AuditFailure | None]:
@@ -158,9 +235,15 @@ def _train_runs(task: tuple[_SharedByRuns, range]) -> tuple[list[RunOutcome], Au
     return until_failure(_train_run(implementation, shared, index) for index in indices)
 
 
+class UpdatesNotHandedOver(AuditFailure):
+    """A run of an every-update world whose trainer handed over no parameters
+    (:attr:`~dpverify.contract.Request.observe_update`): the audit did not run, which is not a pass."""
+
+
 def _train_run(implementation: Implementation, shared: _SharedByRuns, index: int) -> RunOutcome:
     world = shared.world
     features, labels = world.dataset(WORLDS[index % 2])
+    handed_over: list[tuple[np.ndarray, ...]] = []
     request = TrainingRequest(
         features=features,
         labels=labels,
@@ -169,10 +252,26 @@ def _train_run(implementation: Implementation, shared: _SharedByRuns, index: int
         hyperparameters=shared.hyperparameters,
         seed=shared.seeds[index],
         device=shared.device,
+        observe_update=(lambda step, parameters: handed_over.append(parameters)) if world.observes_updates else None,
     )
     trained = train_through_contract(implementation, request)
-    log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
-    return RunOutcome(score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device)
+    if not world.observes_updates:
+        log_probs = query_black_box(trained, world.probes, expected_shape=(len(world.probes), world.num_classes))
+        # A world that scores the record reads it through the designated model: checked as the one-run audit does.
+        not_designated = designated_model_defect(trained, request) if world.score in RECORD_SCORES else None
+        return RunOutcome(
+            score=world.score_log_probs(log_probs), claim=trained.claim, device=trained.device, not_designated=not_designated
+        )
+    if not handed_over:
+        raise UpdatesNotHandedOver(
+            f"it hands over no updates (Request.observe_update), so the {world.name} world, whose adversary sees "
+            "every released update, did not run"
+        )
+    try:
+        score = world.score_updates(handed_over, shared.hyperparameters)
+    except ValueError as exc:
+        raise AuditFailure(f"its handed-over updates: {exc}", device=trained.device) from exc
+    return RunOutcome(score=score, claim=trained.claim, device=trained.device)
 
 
 def run_two_world_audit(
@@ -202,6 +301,12 @@ def run_two_world_audit(
     (the default only for full batches, where GDP is exact; ``None``: no curve test); plug in another to
     test a curve for q < 1.
 
+    Both tests hold at the δ the runs' claims state (the largest, should they differ), as the one-run
+    audits do; the requested δ only sizes the audit before training. A world whose score reads the record
+    (:data:`~dpverify.canaries.worlds.RECORD_SCORES`) checks each black box is the designated model
+    (:func:`~dpverify.audits.steps.designated_model_defect`); one that is not cannot pass (its power is
+    blind, so the verdict is ``undecided``).
+
     The audit designates the public normaliser: unless ``hyperparameters`` carries an
     ``expected_batch_size``, every run in both worlds is asked to divide by q·|D|, so that a correct
     implementation's noise does not depend on which world it trains on; one that reads N anyway (Opacus
@@ -209,14 +314,18 @@ def run_two_world_audit(
     """
     runs = check_int("runs", runs, low=2)
     if hyperparameters.expected_batch_size is None:
-        public = hyperparameters.sampling_rate * world.labels_d.size
+        public = hyperparameters.sampling_rate * (world.public_size or world.labels_d.size)
         hyperparameters = dataclasses.replace(hyperparameters, expected_batch_size=public)
     check_probability("confidence", confidence)
+    if world.observes_updates and curve_for_claim is full_batch_gdp_curve:
+        curve_for_claim = claimed_curve
     delta = hyperparameters.delta
     say = progress or (lambda message: None)
     started = time.perf_counter()
     device = resolve_device(device)
-    eps_ceiling, mu_ceiling = two_world_ceiling(runs, delta=delta, confidence=confidence)
+    looks = look_schedule(runs, confidence)
+    final_confidence = looks[-1][1]
+    eps_ceiling, mu_ceiling = two_world_ceiling(runs, delta=delta, confidence=final_confidence)
     common = dict(
         implementation=implementation.info.name,
         world=world.name,
@@ -228,6 +337,7 @@ def run_two_world_audit(
         delta=delta,
         epsilon_ceiling=eps_ceiling,
         mu_ceiling=mu_ceiling,
+        observation=world.observation,
     )
     say(f"{runs} runs per world can refute at most ε = {eps_ceiling:.3f} (or GDP μ = {mu_ceiling:.3f})")
     target = hyperparameters.target_epsilon
@@ -235,7 +345,9 @@ def run_two_world_audit(
     no_curve = curve_for_claim is None or (curve_for_claim is full_batch_gdp_curve and subsampled)
     refusal = None
     if target is not None:
-        refusal = runs_undecidable(target_claim(target), runs=runs, delta=delta, confidence=confidence, curve_test=not no_curve)
+        refusal = runs_undecidable(
+            target_claim(target), runs=runs, delta=delta, confidence=final_confidence, curve_test=not no_curve
+        )
     if refusal is not None:
         return TwoWorldResult(
             **common,
@@ -268,11 +380,16 @@ def run_two_world_audit(
     mus: list[float | None] = []
     converted: dict[tuple, tuple[float, str]] = {}
     runs_claimed: list[ClaimedRun] = []
+    stopped: TwoWorldBound | None = None  # the bound of the look that refuted the claim before the last
+    claimed_deltas: set[float] = set()
+    not_designated: str | None = None
     try:
         for index, outcome in enumerate(outcomes):
             which = WORLDS[index % 2]
             scores[which].append(outcome.score)
             claim = outcome.claim
+            claimed_deltas.add(claim.delta)
+            not_designated = not_designated or outcome.not_designated
             key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
                    claim.relation)  # fmt: skip
             if key not in converted:  # converting a claim may run an accountant: once per distinct claim
@@ -283,12 +400,20 @@ def run_two_world_audit(
             claims[which].add(converted[key][0])
             if (index + 1) % (2 * max(1, runs // 10)) == 0:
                 say(f"{(index + 1) // 2} of {runs} runs per world")
+            look = next((c for r, c in looks[:-1] if 2 * r == index + 1), None)
+            if look is not None:
+                stopped = _early_refutation(scores, claims, curves, delta=max(claimed_deltas), confidence=look)
+                if stopped is not None:
+                    say(f"refuted at the look after {(index + 1) // 2} runs per world: stopping")
+                    break
         for which in ("d", "dprime"):
             if len(claims[which]) != 1:
                 raise AuditFailure(
                     f"it claimed different ε in runs on the same dataset ({which}): {sorted(claims[which])}"
                 )
     except AuditFailure as failure:
+        cause = f"{implementation.info.name}: {failure.cause}"
+        not_run = isinstance(failure, UpdatesNotHandedOver)  # nothing to judge: not run, never a pass
         return TwoWorldResult(
             **common,
             claimed_epsilon=math.nan,
@@ -298,42 +423,53 @@ def run_two_world_audit(
             claimed_mu=None,
             runs_needed=None,
             bound=None,
-            verdict="error",
+            verdict="undecided" if not_run else "error",
             seconds=time.perf_counter() - started,
             scores_d=tuple(scores["d"]),
             scores_dprime=tuple(scores["dprime"]),
-            error=f"{implementation.info.name}: {failure.cause}",
+            error=None if not_run else cause,
+            not_run=cause if not_run else None,
         )
     finally:
         outcomes.close()  # after a failure, the runs not started are not trained
 
+    # Both tests hold at the δ the claims are stated at (design rule 8), not the δ requested: a claim at the
+    # larger of the runs' δ is implied by each of them, so testing it refutes no true claim.
+    delta = max(claimed_deltas)
+    eps_ceiling, mu_ceiling = two_world_ceiling(runs, delta=delta, confidence=final_confidence)
+    common.update(delta=delta, epsilon_ceiling=eps_ceiling, mu_ceiling=mu_ceiling)
     eps_d, eps_dprime = claims["d"].pop(), claims["dprime"].pop()
     claimed = max(eps_d, eps_dprime)
     claimed_mu = None if any(mu is None for mu in mus) else max(mus)
-    curve: TradeOffCurve | None = None
-    if all(c is not None for c in curves):
-        curve = curves[0] if len(curves) == 1 else (lambda alpha: np.min([c(alpha) for c in curves], axis=0))
+    curve = _pointwise_lowest(curves)
 
     def tested(d, dprime) -> tuple[TwoWorldBound, bool]:
-        """Both tests of one pair of score samples, and whether either refutes the claim: the audit's verdict
-        on its runs, and on the runs :func:`two_world_deficit` simulates."""
-        bound = two_world_bound(d, dprime, delta=delta, confidence=confidence, claimed_curve=curve)
+        """Both tests of one pair of score samples at the last look's level, and whether either refutes the
+        claim: the audit's verdict on its runs, and on the runs :func:`two_world_deficit` simulates."""
+        bound = two_world_bound(d, dprime, delta=delta, confidence=final_confidence, claimed_curve=curve)
         return bound, bound.epsilon_lower_bound > claimed or bound.refutes
 
-    bound, violated = tested(scores["d"], scores["dprime"])
-    cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=confidence))
+    bound, violated = (stopped, True) if stopped is not None else tested(scores["d"], scores["dprime"])
+    cannot = claimed >= eps_ceiling and (curve is None or not curve_refutable(curve, runs, confidence=final_confidence))
     verdict = "violation" if violated else "undecided" if cannot else "pass"
-    weakest = max(runs_claimed, key=gdp_mu)  # the claim the worlds' pair asserts least of
-    power = None if world.score not in RECORD_SCORES else measure_power(
-        weakest,
-        np.array(scores["d"] + scores["dprime"]),
-        np.repeat([-1, 1], [len(scores["d"]), len(scores["dprime"])]),
-        smallest_deficit=lambda fraction: two_world_deficit(
-            weakest, fraction=fraction, runs=runs, refutes=lambda d, dprime: tested(d, dprime)[1], seed=seed
-        ),
-        either_direction=True,
-    )
-    verdict, power = judge(verdict, power)
+    failures: list[tuple[str, str]] = []
+
+    def measure() -> AuditPower | None:
+        if stopped is not None or world.score not in RECORD_SCORES:
+            return None
+        weakest = max(runs_claimed, key=gdp_mu)  # the claim the worlds' pair asserts least of
+        return measure_power(
+            weakest,
+            np.array(scores["d"] + scores["dprime"]),
+            np.repeat([-1, 1], [len(scores["d"]), len(scores["dprime"])]),
+            smallest_deficit=lambda fraction: two_world_deficit(
+                weakest, fraction=fraction, runs=runs, refutes=lambda d, dprime: tested(d, dprime)[1], seed=seed
+            ),
+            either_direction=True,
+            not_designated=not_designated,
+        )
+
+    verdict, power = power_beside_verdict(verdict, measure, failures)
     return TwoWorldResult(
         **common,
         claimed_epsilon=claimed,
@@ -341,14 +477,21 @@ def run_two_world_audit(
         claimed_epsilon_dprime=eps_dprime,
         claim_derivation=next(iter(converted.values()))[1],
         claimed_mu=claimed_mu,
-        runs_needed=runs_needed(claimed, delta=delta, confidence=confidence, mu=claimed_mu) if cannot else None,
+        runs_needed=runs_needed(claimed, delta=delta, confidence=final_confidence, mu=claimed_mu) if cannot else None,
         bound=bound,
         verdict=verdict,
         seconds=time.perf_counter() - started,
-        scores_d=tuple(scores["d"]),
-        scores_dprime=tuple(scores["dprime"]),
+        scores_d=_counted_statistic(scores["d"], bound),
+        scores_dprime=_counted_statistic(scores["dprime"], bound),
         power=power,
+        auxiliary_failures=tuple(failures),
     )
+
+
+def _counted_statistic(scores: list, bound: TwoWorldBound) -> tuple[float, ...]:
+    """The runs' scores of the statistic the (ε, δ) test counted on (a world with candidate statistics
+    gives each run an array of them)."""
+    return tuple(float(np.atleast_1d(score)[bound.statistic]) for score in scores)
 
 
 def runs_undecidable(
@@ -431,7 +574,7 @@ def run_two_world_design(
         curve_mu=None if bound is None else bound.gdp_mu_lower_bound,
         threshold=None if bound is None else bound.threshold,
         confidence=outcome.confidence,
-        m=outcome.runs,
+        m=len(outcome.scores_d) or outcome.runs,
         guesses=counted,
         correct=counted - wrong,
         optimal_epsilon=outcome.epsilon_ceiling,
@@ -445,5 +588,8 @@ def run_two_world_design(
         scores=scores,
         membership=membership,
         power=outcome.power,
+        observation=outcome.observation,
+        not_run=outcome.not_run,
+        auxiliary_failures=outcome.auxiliary_failures,
     )
 

@@ -10,21 +10,27 @@ bug class a world targets, and why it should show there, is said by its construc
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_real
-from dpverify.contract import RELATIONS
+from dpverify.contract import RELATIONS, DPHyperparameters
 
 __all__ = [
     "SCORES",
     "RECORD_SCORES",
+    "UPDATE_SCORES",
     "WORLD_BUGS",
     "WORLD_KINDS",
+    "BATCH_SIZE_NORMALISED",
     "TwoWorldConfig",
     "TwoWorlds",
     "dataset_size_worlds",
+    "fixed_batch_spike",
+    "fixed_batch_worlds",
+    "spike_log_likelihood_ratio",
     "microbatch_worlds",
     "realised_batch_worlds",
     "worst_case_record_worlds",
@@ -33,7 +39,12 @@ __all__ = [
 #: ``output_spread``: the standard deviation of the log-probabilities over the classes, averaged over the
 #: probes (grows with the size of the last update, noise included); ``target_log_prob``: the log-probability
 #: of ``target_class``, averaged over the probes (grows with the target record's pull).
-SCORES: tuple[str, ...] = ("output_spread", "target_log_prob")
+#: ``fixed_batch_spike``: read from every released update, not the final model (see
+#: :func:`fixed_batch_worlds`).
+SCORES: tuple[str, ...] = ("output_spread", "target_log_prob", "fixed_batch_spike")
+#: Scores read from every released update (:attr:`~dpverify.contract.Request.observe_update`): the
+#: adversary of such a world sees each step's update, as a DP-SGD claim's accountant assumes.
+UPDATE_SCORES: tuple[str, ...] = ("fixed_batch_spike",)
 #: Scores that read the differing record's pull on the model, so that their separation between the worlds
 #: measures the claimed mechanism (and a noise deficit shows); ``output_spread`` reads the noise's scale,
 #: which a correct implementation keeps the same in both worlds.
@@ -47,7 +58,8 @@ class TwoWorlds:
     ``features_d``/``labels_d`` is D and ``features_dprime``/``labels_dprime`` is D′; ``relation`` says how
     they neighbour (checked here: D′ is D with one record inserted, anywhere, since the order a trainer is
     handed its records is the auditor's choice; or D with one record replaced). ``targets``
-    names the bug class the world is built for and why it shows there.
+    names the bug class the world is built for and why it shows there. ``public_size`` is the dataset size
+    whose q-th part the audit designates as the public normaliser in both worlds (default |D|).
     """
 
     name: str
@@ -61,6 +73,7 @@ class TwoWorlds:
     score: str
     target_class: int | None = None
     targets: str = ""
+    public_size: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("relation", self.relation, RELATIONS)
@@ -81,6 +94,17 @@ class TwoWorlds:
                 f"({self.relation}); got {len(self.labels_d)} and {len(self.labels_dprime)} records that are not"
             )
 
+    @property
+    def observes_updates(self) -> bool:
+        """Whether the score reads every released update (the trainer must hand them over) rather than
+        the final model's log-probabilities on :attr:`probes`."""
+        return self.score in UPDATE_SCORES
+
+    @property
+    def observation(self) -> str:
+        """What the world's adversary sees: ``"every update"`` or ``"final model"``."""
+        return "every update" if self.observes_updates else "final model"
+
     def dataset(self, world: str) -> tuple[np.ndarray, np.ndarray]:
         """``(features, labels)`` of ``world`` ("d" or "dprime")."""
         check_choice("world", world, ("d", "dprime"))
@@ -91,9 +115,18 @@ class TwoWorlds:
         if log_probs.shape != (self.probes.shape[0], self.num_classes):
             expected = (self.probes.shape[0], self.num_classes)
             raise ValueError(f"log_probs must have shape {expected}, got {log_probs.shape}")
+        if self.observes_updates:
+            raise ValueError(f"the {self.name} world scores every released update (score_updates), not the final model")
         if self.score == "output_spread":
             return float(np.mean(np.std(log_probs, axis=1)))
         return float(np.mean(log_probs[:, self.target_class]))
+
+    def score_updates(self, parameters: list[tuple[np.ndarray, ...]], hyperparameters: DPHyperparameters) -> np.ndarray:
+        """The world's candidate scores of one run from the parameters its trainer handed over (before the
+        first step, then after each): see :func:`fixed_batch_worlds`."""
+        if not self.observes_updates:
+            raise ValueError(f"the {self.name} world scores the final model (score_log_probs), not its updates")
+        return fixed_batch_spike(parameters, hyperparameters, scale=float(self.probes[0, 0]))
 
 
 def _neighbours(relation: str, d: tuple[np.ndarray, np.ndarray], dprime: tuple[np.ndarray, np.ndarray]) -> bool:
@@ -257,19 +290,125 @@ def worst_case_record_worlds(
     )
 
 
+def fixed_batch_worlds(
+    *, records: int = 79, dimension: int = 1, num_classes: int = 2, scale: float = 10.0
+) -> TwoWorlds:
+    """D: ``records`` *markers* (x* = ``scale``·e₁, label 0); D′: D plus the canary (x*, label 1). Scored
+    from every released update by :func:`fixed_batch_spike`. Add/remove neighbours: D′ is D with one
+    record added, the relation a Poisson accountant's ε is stated for.
+
+    Targets bugs.md row 9 (Opacus ``poisson_sampling=False``, JAX-Privacy's Keras default
+    ``poisson_sampling_in_fit=False``, TF-Privacy's ``shuffle().batch(B)`` tutorials; Chua et al. 2024,
+    Annamalai et al. 2026): fixed-size batches of a shuffled dataset accounted as Poisson sampling. With two
+    classes, x*'s clipped gradient for label 0 and for label 1 point exactly opposite ways whatever the
+    model predicts ((p − e₀) and (p − e₁) are multiples of (−1, 1)), so along the canary's direction each
+    marker in a batch adds −C and the canary +C. With k·B − 1 markers (``records``; the normaliser is B =
+    q·|D′|) cut into k batches an epoch, D's epoch is k − 1 batches of B markers and a last, short one of
+    B − 1 (+C against a full batch); D′'s k full batches hold the canary in one of them (+2C). Released
+    step by step, D′ shows a 2C spike at an unknown step where D shows C at the epoch's last: far more
+    than the Poisson claim allows, whose per-step mixture is the canary's C with probability q. A correct
+    Poisson sampler's batch holds Binomial(|D|, q) markers in both worlds, so its spread hides the canary
+    exactly as the claim says. ``scale`` keeps every record's gradient clipped while the learning rate is
+    small (the designated setting's drift leaves p(1 | x*) above 0.3).
+    """
+    records = check_int("records", records, low=1)
+    dimension = check_int("dimension", dimension, low=1)
+    if num_classes != 2:
+        raise ValueError(f"the fixed-batch world needs two classes (opposite clipped gradients), got num_classes={num_classes}")
+    scale = check_real("scale", scale, low=0.0, low_open=True)
+    point = np.zeros((1, dimension), dtype=np.float32)
+    point[0, 0] = scale
+    features = np.repeat(point, records + 1, axis=0)
+    labels = np.zeros(records + 1, dtype=np.int64)
+    labels[-1] = 1
+    return TwoWorlds(
+        name=f"fixed-batch-{records}",
+        relation="add_remove",
+        features_d=features[:-1],
+        labels_d=labels[:-1],
+        features_dprime=features,
+        labels_dprime=labels,
+        num_classes=2,
+        probes=point,
+        score="fixed_batch_spike",
+        targets="bugs.md row 9 (Opacus #80, jax_privacy #84): shuffled fixed-size batches accounted as Poisson",
+        public_size=records + 1,
+    )
+
+
+def fixed_batch_spike(
+    parameters: list[tuple[np.ndarray, ...]], hyperparameters: DPHyperparameters, *, scale: float
+) -> np.ndarray:
+    r"""A run's scores in the fixed-batch world: log-likelihood ratios of "D′" against "D" under the
+    fixed-batch model, summed over epochs (higher means D′), one for each place a trainer leaves the
+    remainder (:func:`spike_log_likelihood_ratio`); the two-world test chooses between them on its held-out
+    half of the runs.
+
+    Each step's released noisy sum is :math:`g_t = -(\theta_t - \theta_{t-1})\,n/\eta` (normaliser n,
+    learning rate η); along the canary's unit clipped direction u = (x*, −x*, 1, −1)/‖·‖ (weights then
+    bias), :math:`x_t = \langle g_t, u\rangle / C + B` is 0 for a full batch of markers, plus
+    N(0, σ²). Under fixed batches, D gives x = e_k + σZ in each epoch of k steps (the short batch last, as
+    a data loader leaves it) and D′ gives 2e_J + σZ with J uniform, so the epoch's log-likelihood ratio is
+
+    .. math:: \log \sum_j e^{(2x_j - 2)/\sigma^2} - (x_k - \tfrac12)/\sigma^2 - \log k.
+
+    Where a trainer drops the remainder instead (D's epoch holds k full batches' worth of markers and no
+    short one), the ratio against "D: nothing" drops the last term. The statistics are fixed before any run
+    and the test chooses one on runs it does not count, so it is valid whatever the trainer does.
+    """
+    hp = hyperparameters
+    if hp.noise_multiplier is None or hp.noise_multiplier <= 0 or hp.expected_batch_size is None:
+        raise ValueError("the fixed-batch score needs a designated noise multiplier > 0 and expected_batch_size")
+    shapes = [p.shape for p in parameters[0]] if parameters else []
+    if len(shapes) != 2 or len(shapes[0]) != 2 or shapes[0][0] != 2 or shapes[1] != (2,):
+        raise ValueError(
+            "the fixed-batch world audits softmax regression on two classes: it needs a weight (2, d) and a "
+            f"bias (2,) after every step, got parameter shapes {shapes}"
+        )
+    if len(parameters) != hp.steps + 1:
+        raise ValueError(
+            f"the trainer handed over {len(parameters)} parameter sets, expected {hp.steps + 1} "
+            f"(before the first step and after each of {hp.steps})"
+        )
+    theta = np.stack([np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in ps]) for ps in parameters])
+    point = np.zeros(shapes[0][1])
+    point[0] = scale
+    direction = np.concatenate([point, -point, [1.0, -1.0]])
+    direction /= np.linalg.norm(direction)
+    sums = -np.diff(theta, axis=0) * hp.expected_batch_size / hp.learning_rate
+    x = sums @ direction / hp.max_grad_norm + hp.expected_batch_size
+    return spike_log_likelihood_ratio(x.reshape(hp.epochs, hp.steps_per_epoch), noise_multiplier=hp.noise_multiplier)
+
+
+def spike_log_likelihood_ratio(x, *, noise_multiplier: float) -> np.ndarray:
+    """:func:`fixed_batch_spike`'s statistics of the released sums ``x`` (``(..., epochs, k)``, in clip norms
+    above a full batch of markers), ``(..., 2)``: the log-likelihood ratio of "D′: +2 at a uniform step"
+    against "D: +1 at the epoch's last" (a data loader's short last batch), and against "D: nothing" (its
+    remainder dropped, as an API that refuses a short batch does), each summed over the epochs."""
+    x = np.asarray(x, dtype=np.float64)
+    sigma2 = check_real("noise_multiplier", noise_multiplier, low=0.0, low_open=True) ** 2
+    spike = np.logaddexp.reduce((2.0 * x - 2.0) / sigma2, axis=-1) - math.log(x.shape[-1])
+    return np.stack([np.sum(spike - (x[..., -1] - 0.5) / sigma2, axis=-1), np.sum(spike, axis=-1)], axis=-1)
+
+
 #: The crafted worlds by name, as the two-world design selects them.
 WORLD_MAKERS = {
     "dataset_size": dataset_size_worlds,
+    "fixed_batch": fixed_batch_worlds,
     "microbatch": microbatch_worlds,
     "realised_batch": realised_batch_worlds,
     "worst_case_record": worst_case_record_worlds,
 }
 WORLD_KINDS: tuple[str, ...] = tuple(WORLD_MAKERS)
+#: Worlds whose designated normaliser is the batch size of fixed batches (q·|D′|, see
+#: :func:`fixed_batch_worlds`): an API that divides by its own batch size takes them as it is.
+BATCH_SIZE_NORMALISED: tuple[str, ...] = ("fixed_batch",)
 #: The bugs.md rows each world is built to expose: the default gate runs a world on the buggy variants of
 #: these rows (and on every implementation expected to be private). The worst-case record also exposes
 #: rows 1-5, but those are D1/D2 bugs the one-run audit already catches, so it is not run on them again.
 WORLD_BUGS: dict[str, tuple[int, ...]] = {
     "dataset_size": (7,),
+    "fixed_batch": (9,),
     "realised_batch": (7,),
     "microbatch": (11,),
     "worst_case_record": (6, 12),

@@ -8,20 +8,21 @@ Imported lazily by the plugin (it pulls in numpy and the engine), only when an a
 from __future__ import annotations
 
 import json
+import time
 import warnings
 import zlib
 from typing import Any, NoReturn
 
 import pytest
 
-from dpverify.audits import run_audit, undecidable
+from dpverify.audits import auditor_failure, refused_result, run_audit, undecidable
 from dpverify.config import OVERRIDABLE, AuditConfig, gate_layer_config, gate_world_config, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
 from dpverify.pytest.progress import audit_progress
 from dpverify.pytest.stash import RESULT_PROPERTY
-from dpverify.session import MUST_CATCH, AuditSession, audit_entry
+from dpverify.session import MUST_CATCH, AuditSession, audit_entry, with_plots
 
 #: Marker keywords: audit settings except the session's own (seed, confidence), plus profile and audits.
 MARKER_KEYWORDS = tuple(name for name in OVERRIDABLE if name not in ("seed", "confidence")) + ("profile", "audits")
@@ -43,6 +44,10 @@ JUNIT_POWER_FIELDS = ("signal_fraction", "smallest_deficit", "blind")
 
 class KnownIssueFound(UserWarning):
     """An unmodified library leaked as its upstream report says: shown in the warnings summary."""
+
+
+class UndecidedExample(UserWarning):
+    """A Hypothesis example whose audit could not decide: noted, and the property test goes on."""
 
 
 class AuditBudgetExceeded(RuntimeError):
@@ -97,33 +102,56 @@ def layer_audit_config(session: AuditSession, layer: str) -> AuditConfig:
 
 
 def execute_audit(
-    session: AuditSession, node: Any, implementation: Implementation, config: Any, *, key: str, counted: bool
+    session: AuditSession,
+    node: Any,
+    implementation: Implementation,
+    config: Any,
+    *,
+    key: str,
+    counted: bool,
+    undecided_goes_on: bool = False,
 ) -> AuditResult:
     """Count the audit against the session's plan, run it at the session's per-audit confidence and the
     seed of ``key`` with its progress shown as ``--dp-audit-progress`` says, and record it on ``node``'s
     reports (JUnit properties included). An audit that could only end undecided is refused before
-    training: a skip, a failure under ``--dp-audit-strict``."""
+    training: a skip, a failure under ``--dp-audit-strict``; with ``undecided_goes_on`` (a Hypothesis
+    example, not strict) a warning and an ``undecided`` result of nothing run, so the test goes on, and an
+    audit of a private implementation that ends undecided is noted with a warning too."""
     config = config.with_overrides(seed=session.audit_seed(key), confidence=session.per_audit_confidence)
-    refuse_undecidable(implementation, config, strict=session.strict)
+    refusal = undecidable(implementation, config)
+    if refusal is not None:
+        message = f"{implementation.info.name}: not run: {refusal.message()} (a dp_audit marker keyword, or --dp-audit-set)"
+        if not undecided_goes_on or session.strict:
+            _cannot_decide(message, strict=session.strict)
+        warnings.warn(f"{node.nodeid}: an undecided example: {message}", UndecidedExample, stacklevel=3)
+        return refused_result(implementation, config, refusal)
     session.start_audit(counted=counted, where=node.nodeid)
     progress = audit_progress(node.config, f"dp-audit {implementation.info.name}")
-    result = run_audit(
-        implementation,
-        config,
-        progress=progress and progress.stage,
-        step_progress=progress and progress.step,
-        executor=session.executor_for_audits(),
-    )
+    started = time.perf_counter()
+    try:
+        result = run_audit(
+            implementation,
+            config,
+            progress=progress and progress.stage,
+            step_progress=progress and progress.step,
+            executor=session.executor_for_audits(),
+        )
+    except (ValueError, TypeError):  # the test's own mistake (a setting, a config), named by the message
+        raise
+    except Exception as exc:  # the audit's own failure: an error verdict with its report entry, not a lost one
+        result = auditor_failure(implementation, config, exc, seconds=time.perf_counter() - started)
     if progress is not None:
         progress.finish(result.headline())
-    record = audit_entry(result, implementation, nodeid=node.nodeid)
-    node.user_properties.extend((f"dp_audit_{name}", record[name]) for name in JUNIT_FIELDS)
-    power = record["power"] or {}
+    if undecided_goes_on and result.verdict == "undecided" and implementation.info.expected == "private":
+        warnings.warn(f"{node.nodeid}: an undecided example: {result.summary()}", UndecidedExample, stacklevel=3)
+    if session.plots_dir:
+        result = with_plots(result, session.plots_dir)
+    record = audit_entry(result, implementation, nodeid=node.nodeid, counted=counted)
+    node.user_properties.extend((f"dp_audit_{name}", record.get(name)) for name in JUNIT_FIELDS)
+    power = record.get("power") or {}
     node.user_properties.extend((f"dp_audit_{name}", power.get(name)) for name in JUNIT_POWER_FIELDS)
     # The planned count travels with the result: under xdist only the workers collect and count.
     node.user_properties.append((RESULT_PROPERTY, json.dumps({**record, "planned_audits": session.planned_audits})))
-    if session.plots_dir:
-        _save_plots(result, session.plots_dir)
     return result
 
 
@@ -178,20 +206,12 @@ def _undecided(result: AuditResult, *, strict: bool) -> NoReturn:
     _cannot_decide(result.summary(), strict=strict)
 
 
-def refuse_undecidable(implementation: Implementation, config: Any, *, strict: bool) -> None:
-    """Skip (fail under ``strict``), before any training, an audit that could only end undecided
-    (:func:`dpverify.audits.undecidable`), naming the setting that would make it decide."""
-    refusal = undecidable(implementation, config)
-    if refusal is None:
-        return
-    _cannot_decide(
-        f"{implementation.info.name}: not run: {refusal.message()} (a dp_audit marker keyword, or --dp-audit-set)",
-        strict=strict,
-    )
+def _not_a_pass(message: str) -> str:
+    return f"{message} (undecided is not a pass: --dp-audit-strict makes it a failure)"
 
 
 def _cannot_decide(message: str, *, strict: bool) -> NoReturn:
-    message = f"{message} (undecided is not a pass: --dp-audit-strict makes it a failure)"
+    message = _not_a_pass(message)
     if strict:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
@@ -216,7 +236,12 @@ class DPAudit:
 
     The test may run as many audits as the plan counted for it (``budget``). In a Hypothesis test, once an
     audit has failed the test fails whatever follows, so the audits Hypothesis runs while shrinking and
-    replaying are not counted; each example is seeded from its own settings, so a replay repeats it.
+    replaying are not counted; each example is seeded from its own settings, so a replay repeats it. An
+    example that cannot decide (refused before training, or undecided after) does not end a Hypothesis
+    test: it is noted (an :class:`UndecidedExample` warning), its undecided result returned, and the test
+    goes on with the next example; the test is undecided (skipped) only when every example was
+    (:meth:`undecided_reason`), and fails as soon as one is a violation. Under ``--dp-audit-strict`` the first
+    undecided example fails the test, as anywhere else.
     """
 
     def __init__(self, session: AuditSession, node: Any, marker_settings: dict[str, Any], budget: int) -> None:
@@ -227,6 +252,9 @@ class DPAudit:
         self._hypothesis = bool(getattr(getattr(node, "function", None), "is_hypothesis_test", False))
         self._failed = False
         self.calls = 0
+        #: Hypothesis examples audited (or refused), and the summaries of those left undecided.
+        self.examples = 0
+        self.undecided: list[str] = []
 
     def config(self, **settings: Any) -> AuditConfig:
         """The configuration an audit with ``settings`` would run (before the session's seed and level)."""
@@ -249,13 +277,27 @@ class DPAudit:
                 pytest.skip(reason)
         counted = self._count()
         key = example_key(self._node, implementation, config) if self._hypothesis else f"{self._node.nodeid}#{self.calls}"
-        result = execute_audit(self._session, self._node, implementation, config, key=key, counted=counted)
+        goes_on = self._hypothesis and not self._session.strict
+        result = execute_audit(
+            self._session, self._node, implementation, config, key=key, counted=counted, undecided_goes_on=goes_on
+        )
+        self.examples += 1
+        if goes_on and result.verdict == "undecided" and implementation.info.expected == "private":
+            self.undecided.append(result.summary())  # noted by execute_audit
+            return result
         try:
             judge(result, implementation, strict=self._session.strict, reproduce=reproduce_hint(self._session, self._node, implementation))
         except BaseException:
             self._failed = True
             raise
         return result
+
+    def undecided_reason(self) -> str | None:
+        """Why a Hypothesis test that did not fail is undecided (the plugin skips it: undecided is never a
+        pass): every example's audit was; ``None`` when one decided, which makes the test's outcome."""
+        if self._hypothesis and self.examples and len(self.undecided) == self.examples:
+            return _not_a_pass(f"every one of the {self.examples} example(s) was undecided; the first: {self.undecided[0]}")
+        return None
 
     def _count(self) -> bool:
         """Count one audit against this test's budget; ``False`` for a Hypothesis test's audits after a
@@ -272,11 +314,3 @@ class DPAudit:
             )
         return True
 
-
-def _save_plots(result: AuditResult, directory: str) -> None:
-    try:
-        from dpverify.plots import save_audit_plots
-    except ImportError:
-        warnings.warn("--dp-audit-plots needs matplotlib: pip install 'dpverify[plots]'", stacklevel=2)
-        return
-    save_audit_plots(result, directory)

@@ -16,7 +16,7 @@ from dpverify.execution import EXECUTORS
 PROFILE_CHOICES = ("quick", "standard", "gpu", "mlp", "paper")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: :data:`dpverify.canaries.worlds.WORLD_KINDS` and the words of :data:`dpverify.gate.WORLD_CHOICE_WORDS`.
-WORLD_CHOICES = ("dataset_size", "microbatch", "realised_batch", "worst_case_record")
+WORLD_CHOICES = ("dataset_size", "fixed_batch", "microbatch", "realised_batch", "worst_case_record")
 WORLD_WORDS = ("applicable", "none")
 #: When ``--dp-audit-progress`` shows each audit's progress line (see :mod:`dpverify.pytest.progress`).
 PROGRESS_CHOICES = ("auto", "always", "never")

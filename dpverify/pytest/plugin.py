@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -207,7 +208,10 @@ class ResultGatherer:
             elif name == UNAVAILABLE_PROPERTY:
                 self.unavailable.append(json.loads(value))
         if gathered and self.session.enabled:
-            self.session.write_report(complete=False)
+            try:
+                self.session.write_report(complete=False)
+            except Exception as exc:  # the verdicts stand; the report at the session's end says whether it can
+                sys.stderr.write(f"dpverify: warning: the report could not be rewritten after {report.nodeid}: {type(exc).__name__}: {exc}\n")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -424,6 +428,18 @@ def dp_audit(request: pytest.FixtureRequest) -> Any:
     if problem:  # failed outside the except clause: the message once, not again as the failure's context
         pytest.fail(problem, pytrace=False)
     return DPAudit(session, request.node, settings, request.node.stash.get(PLANNED_KEY, 0))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A Hypothesis test that passed with every example undecided is undecided itself: its report becomes a
+    skip (:meth:`dpverify.pytest.fixture.DPAudit.undecided_reason`). A test that failed keeps its outcome."""
+    outcome = yield
+    report = outcome.get_result()
+    reason = getattr(getattr(item, "funcargs", {}).get("dp_audit"), "undecided_reason", None)
+    if call.when == "call" and report.passed and reason is not None and (why := reason()) is not None:
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"Skipped: {why}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -68,7 +68,9 @@ class TwoWorldBound:
 
     **Level.** The two tests split 1 − ``confidence`` equally. ``threshold_rule`` "split" chooses each
     test's threshold and ``direction`` (+1: "D′ when score > threshold", −1: "D′ when score < threshold")
-    on the first ``selection_runs`` runs of each world and counts on the rest; "grid" (direction +1)
+    on the first ``selection_runs`` runs of each world and counts on the rest (with scores of K candidate
+    statistics a run, runs × K, it also chooses there which statistic each test counts on: ``statistic``,
+    ``gdp_statistic``); "grid" (direction +1)
     counts on all runs at every threshold of a grid declared in advance, each at the test's level divided
     by the grid's size (Bonferroni), and keeps the best. ``*_ceiling`` are the largest values these run
     counts could ever give (perfect separation): a claim at or above them cannot be refuted.
@@ -95,6 +97,8 @@ class TwoWorldBound:
     epsilon_ceiling: float
     gdp_mu_ceiling: float
     gdp_epsilon_ceiling: float
+    statistic: int = 0
+    gdp_statistic: int = 0
 
     @property
     def refutes(self) -> bool:
@@ -126,6 +130,10 @@ def two_world_bound(
     delta, level = check_probability("delta", delta), 1.0 - check_probability("confidence", confidence)
     check_choice("threshold_rule", threshold_rule, THRESHOLD_RULES)
     d, dprime = _scores("scores_d", scores_d), _scores("scores_dprime", scores_dprime)
+    if d.shape[1] != dprime.shape[1]:
+        raise ValueError(f"scores_d and scores_dprime must hold the same statistics, got {d.shape[1]} and {dprime.shape[1]}")
+    if threshold_rule == "grid" and d.shape[1] != 1:
+        raise ValueError("threshold_rule='grid' tests one statistic; give 1-D scores or use the split")
     if threshold_rule == "grid":
         if thresholds is None or len(thresholds) == 0:
             raise ValueError("threshold_rule='grid' needs thresholds declared in advance, got none")
@@ -133,35 +141,38 @@ def two_world_bound(
         if grid.ndim != 1 or not np.all(np.isfinite(grid)):
             raise ValueError(f"thresholds must be a 1-D sequence of finite numbers, got {thresholds!r}")
         selection, eval_d, eval_dprime, test_level = 0, d, dprime, level / 2 / grid.size
-        eps_choice = curve_choice = (1.0, grid)
+        eps_choice = curve_choice = (0, 1.0, grid)
     else:
         if thresholds is not None:
             raise ValueError("thresholds are declared for threshold_rule='grid' only; the split chooses its own")
         for name, scores in (("scores_d", d), ("scores_dprime", dprime)):
-            if scores.size < 2:
-                raise ValueError(f"{name} must hold >= 2 runs for threshold_rule='split', got {scores.size}")
-        selection = min(d.size, dprime.size) // 2
+            if scores.shape[0] < 2:
+                raise ValueError(f"{name} must hold >= 2 runs for threshold_rule='split', got {scores.shape[0]}")
+        selection = min(d.shape[0], dprime.shape[0]) // 2
         eval_d, eval_dprime, test_level = d[selection:], dprime[selection:], level / 2
         eps_rows, curve_rows = [], []
-        for sign in (1.0, -1.0):
-            select_d, select_dprime = sign * d[:selection], sign * dprime[:selection]
-            pooled = np.unique(np.concatenate([select_d, select_dprime]))
-            pooled = (pooled[:-1] + pooled[1:]) / 2 if pooled.size > 1 else pooled  # midpoints: margin both ways
-            fp, fn = _errors(select_d, select_dprime, pooled)
-            eps_sel = _epsilon(fp, fn, selection, selection, delta, test_level)
-            curve_sel = _curve_margin(fp, fn, selection, selection, test_level, claimed_curve)
-            eps_rows.append((eps_sel.max(), sign, pooled[[np.argmax(eps_sel)]]))
-            curve_rows.append((curve_sel.max(), sign, pooled[[np.argmax(curve_sel)]]))
+        for column in range(d.shape[1]):
+            for sign in (1.0, -1.0):
+                select_d, select_dprime = sign * d[:selection, column], sign * dprime[:selection, column]
+                pooled = np.unique(np.concatenate([select_d, select_dprime]))
+                pooled = (pooled[:-1] + pooled[1:]) / 2 if pooled.size > 1 else pooled  # midpoints: margin both ways
+                fp, fn = _errors(select_d, select_dprime, pooled)
+                eps_sel = _epsilon(fp, fn, selection, selection, delta, test_level)
+                curve_sel = _curve_margin(fp, fn, selection, selection, test_level, claimed_curve)
+                eps_rows.append((eps_sel.max(), column, sign, pooled[[np.argmax(eps_sel)]]))
+                curve_rows.append((curve_sel.max(), column, sign, pooled[[np.argmax(curve_sel)]]))
         eps_choice = max(eps_rows, key=lambda row: row[0])[1:]
         curve_choice = max(curve_rows, key=lambda row: row[0])[1:]
-    n0, n1 = eval_d.size, eval_dprime.size
+    n0, n1 = eval_d.shape[0], eval_dprime.shape[0]
 
-    direction, candidates_eps = eps_choice
-    fp, fn = _errors(direction * eval_d, direction * eval_dprime, candidates_eps)
+    statistic, direction, candidates_eps = eps_choice
+    fp, fn = _errors(direction * eval_d[:, statistic], direction * eval_dprime[:, statistic], candidates_eps)
     eps = _epsilon(fp, fn, n0, n1, delta, test_level)
     best = int(np.argmax(eps))
-    gdp_direction, candidates_curve = curve_choice
-    cfp, cfn = _errors(gdp_direction * eval_d, gdp_direction * eval_dprime, candidates_curve)
+    gdp_statistic, gdp_direction, candidates_curve = curve_choice
+    cfp, cfn = _errors(
+        gdp_direction * eval_d[:, gdp_statistic], gdp_direction * eval_dprime[:, gdp_statistic], candidates_curve
+    )
     margin = _curve_margin(cfp, cfn, n0, n1, test_level, claimed_curve)
     best_curve = int(np.argmax(margin))
     mu = _gdp_mu(cfp, cfn, n0, n1, test_level)
@@ -173,6 +184,8 @@ def two_world_bound(
         confidence=float(confidence),
         delta=delta,
         selection_runs=selection,
+        statistic=int(statistic),
+        gdp_statistic=int(gdp_statistic),
         direction=int(direction),
         threshold=float(direction * candidates_eps[best]),
         false_positives=int(fp[best]),
@@ -264,9 +277,12 @@ def _ceilings(n0: int, n1: int, delta: float, level: float) -> tuple[float, floa
 
 
 def _scores(name: str, scores) -> np.ndarray:
+    """``scores`` as an (R, K) array: R runs, K candidate statistics (one for a 1-D array)."""
     array = np.asarray(scores, dtype=float)
-    if array.ndim != 1 or array.size < 1:
-        raise ValueError(f"{name} must be a non-empty 1-D array of scores, got shape {array.shape}")
+    if array.ndim == 1:
+        array = array[:, None]
+    if array.ndim != 2 or array.size < 1:
+        raise ValueError(f"{name} must be a non-empty 1-D array of scores (or runs × statistics), got shape {array.shape}")
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name} holds NaN or infinite scores ({int(np.sum(~np.isfinite(array)))} of {array.size})")
     return array

@@ -12,10 +12,9 @@ noise multiplier of the user's (the smallest its config accepts): its config che
 physical batch while training samples at the accumulated one, so it states an ε its run does not have
 (fixed upstream after the release, google-deepmind/jax_privacy PR #287).
 
-The Keras API's default, ``poisson_sampling_in_fit=False`` (fixed-size batches of a shuffled dataset,
-accounted as Poisson: jax_privacy #84), is not registered: at the default profiles' q = 1 its one batch is the
-full batch, the same mechanism as Poisson sampling at q = 1, and its unpadded batches cannot be taken in
-microbatches, so a step took 30 s on the busy 2-core CPU where the Poisson path took under one (2026-11-26).
+``jax-privacy-keras-fixed-batches`` is the unmodified Keras API at its default, ``poisson_sampling_in_fit=False``:
+fixed-size batches of a shuffled dataset, accounted as Poisson sampling (google-deepmind/jax_privacy#84). At the
+default profiles' q = 1 its one batch is the full batch, the same mechanism as Poisson sampling at q = 1.
 
 This module imports neither jax nor jax_privacy: listing implementations works without them.
 """
@@ -65,7 +64,7 @@ class JaxPrivacy(Implementation):
         if path not in PATHS:
             raise ValueError(f"unknown JAX-Privacy path {path!r}; expected one of {', '.join(PATHS)}")
         if call and path != "keras":
-            raise ValueError("only the Keras path takes a call (accumulation, user_noise)")
+            raise ValueError("only the Keras path takes a call (accumulation, user_noise, fixed_batches)")
         self.info = info
         self.step = step
         self.path = path
@@ -166,6 +165,22 @@ _ACCUMULATION_NOTES = (
     "the library's accountant on the numbers its check used."
 )
 
+_FIXED_BATCH_NOTES = (
+    "jax_privacy.keras_api.make_private as for jax-privacy-keras, at the config's default "
+    "poisson_sampling_in_fit=False: DPKerasConfig(batch_size=B, train_size=N, train_steps=steps, "
+    "gradient_accumulation_steps=1) with B = round(qN) (the designated expected_batch_size when given), and "
+    "fit given shuffled fixed-size batches: each epoch a uniform random order cut into N // B batches of B, "
+    "the N mod B records left over sitting that epoch out, exactly the request's steps epoch after epoch. "
+    "Keras' own fit(x, y, batch_size=B) cannot be used when B does not divide N: it hands over a short last "
+    "batch, which the library's train step refuses with a ValueError (its batch size must equal "
+    "DPKerasConfig.batch_size), so a user must drop the remainder. The library's train step clips with "
+    "clipped_grad(normalize_by=B), adds gaussian_privatizer noise and SGD steps with lr·C; nothing is "
+    "padded. Claim: its accountant (PLD), Poisson sampling at q = B/N for the run's steps: the mechanism it "
+    "accounts is not the one it runs (a record sits in exactly one batch an epoch, or none, beside B - 1 "
+    "others), which jax_privacy#84 reports; 2.0.0 states its claim without a warning."
+)
+
+
 def implementations() -> list[Implementation]:
     """The entry point ``dpverify_jaxprivacy:implementations``; imports no jax."""
     return (
@@ -182,6 +197,17 @@ def implementations() -> list[Implementation]:
                 ),
                 path="keras",
                 call=dict(accumulation=8, user_noise=True),
+            ),
+            JaxPrivacy(
+                ImplementationInfo(
+                    name="jax-privacy-keras-fixed-batches",
+                    expected="known-issue",
+                    issue="https://github.com/google-deepmind/jax_privacy/issues/84",
+                    notes=_FIXED_BATCH_NOTES,
+                    **_KERAS,
+                ),
+                path="keras",
+                call=dict(fixed_batches=True),
             ),
         ]
         + [_variant("core", step) for step in _BREAKS]

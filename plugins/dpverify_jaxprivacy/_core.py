@@ -10,7 +10,8 @@ one: lr times the noisy sum of rows clipped to C, over the public normaliser).
 The traced step depends only on the configuration (model shape, C, the variant), never on a run's data or
 seed: it is built once per configuration and process and reused by every run, which is what makes a
 two-world audit's hundreds of tiny runs cost milliseconds each. Each run gets its own privatizer state, a
-PRNG key derived from its seed.
+PRNG key derived from its seed. The parameters before the first step and after each go to the request's
+``observe_update`` when it has one (kernels transposed to the designated (outputs, inputs)).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import optax  # noqa: E402
 from jax_privacy import batch_selection  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 
-from dpverify.contract import TrainingRequest  # noqa: E402
+from dpverify.contract import TrainingRequest, hand_over_kernels  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify_jaxprivacy._steps import LIBRARY_PRIVATIZER, DPStep  # noqa: E402
 
-__all__ = ["padding_multiple", "init_params", "logits", "black_box", "train_core"]
+__all__ = ["LAYER_ORDER", "layer_order", "padding_multiple", "init_params", "logits", "black_box", "train_core"]
 
 def padding_multiple(batch_size: int) -> int:
     """What a batch of ``batch_size`` records is padded to a multiple of: 64, or a quarter of the largest power
@@ -55,6 +56,15 @@ def init_params(request: TrainingRequest, seed: int) -> dict[str, jax.Array]:
         "w": glorot(k2, (h, c), jnp.float32),
         "b": jnp.zeros((c,), jnp.float32),
     }
+
+
+#: The parameters' names from input to output (a jitted step returns the dict with its keys sorted).
+LAYER_ORDER = ("w1", "b1", "w", "b")
+
+
+def layer_order(params: dict[str, jax.Array]) -> list[jax.Array]:
+    """The parameters layer by layer from input to output, each kernel before its bias."""
+    return [params[name] for name in LAYER_ORDER if name in params]
 
 
 def logits(params: dict[str, jax.Array], features: jax.Array) -> jax.Array:
@@ -122,6 +132,7 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
     scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / normaliser)
     sampler = batch_selection.CyclicPoissonSampling(sampling_prob=hp.sampling_rate, iterations=hp.steps)
     features, labels = request.features, request.labels
+    hand_over_kernels(request, 0, lambda: layer_order(params))
     for taken, batch in enumerate(sampler.batch_iterator(request.num_records, rng=seeds.sampling), start=1):
         batch = np.asarray(batch, dtype=np.int64)
         padded = batch_selection.pad_to_multiple_of(batch, padding_multiple(batch.size))
@@ -132,6 +143,7 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
         stddev = jnp.float32(step.noise_stddev(float(noise_multiplier) * l2_norm_bound))
         rows = np.where(is_padding, 0, padded)
         params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, stddev, scale)
+        hand_over_kernels(request, taken, lambda: layer_order(params))
         if request.progress is not None:
             request.progress(taken, hp.steps)
     return black_box(params)

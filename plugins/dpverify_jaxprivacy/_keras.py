@@ -12,6 +12,12 @@ update is the designated one. ``DPKerasConfig`` refuses σ = 0, so a non-private
 conformance checks make) runs the library's DP step with a privatizer of stddev 0 and claims ε = ∞. A variant's DP step replaces the library's two calls while ``fit`` traces
 (:func:`dpverify_jaxprivacy._steps.library_calls`).
 
+At the config's default ``poisson_sampling_in_fit=False`` (``KerasCall(fixed_batches=True)``) ``fit`` is given
+shuffled fixed-size batches of B records (:class:`ShuffledBatches`) and the library's train step takes them
+as they come: no padding, ``normalize_by`` = B, the claim still Poisson sampling at q = B/N.
+The weights before ``fit`` and after each optimizer update go to the request's ``observe_update`` when it has
+one (a Keras callback, attached only then; kernels transposed to the designated (outputs, inputs)).
+
 The API takes a batch size, not a rate: it is called with ``batch_size`` = the designated normaliser
 (``expected_batch_size``, else qN), a whole number ≥ 1, over ``gradient_accumulation_steps``, and samples at
 ``batch_size / train_size``, which is q whenever the normaliser is qN (every one-run audit). The claim gives
@@ -40,25 +46,76 @@ keras = keras_on_jax()
 import numpy as np  # noqa: E402
 from jax_privacy import keras_api  # noqa: E402
 
-from dpverify.contract import PrivacyClaim, TrainingRequest  # noqa: E402
+from dpverify.contract import PrivacyClaim, TrainingRequest, hand_over_kernels  # noqa: E402
 from dpverify_jaxprivacy import _accounting  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
-from dpverify_jaxprivacy._core import MICROBATCH, black_box  # noqa: E402
+from dpverify_jaxprivacy._core import LAYER_ORDER, MICROBATCH, black_box  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep, library_calls  # noqa: E402
 
-__all__ = ["KerasCall", "KerasRun", "private_model", "smallest_accepted_noise", "train_keras"]
+__all__ = ["KerasCall", "KerasRun", "ShuffledBatches", "private_model", "smallest_accepted_noise", "train_keras"]
 
 _LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, kw_only=True)
 class KerasCall:
-    """How the user calls the Keras API (always with ``poisson_sampling_in_fit=True``): ``accumulation``
-    gradient-accumulation steps per update, and ``user_noise``: the user sets ``noise_multiplier`` to the
-    smallest the config accepts, instead of leaving it to the library's calibration."""
+    """How the user calls the Keras API: ``accumulation`` gradient-accumulation steps per update;
+    ``user_noise``: the user sets ``noise_multiplier`` to the smallest the config accepts, instead of leaving
+    it to the library's calibration; ``fixed_batches``: the config's default ``poisson_sampling_in_fit=False``,
+    ``fit`` given shuffled fixed-size batches (:class:`ShuffledBatches`), else Poisson sampling in ``fit``."""
 
     accumulation: int = 1
     user_noise: bool = False
+    fixed_batches: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fixed_batches and self.accumulation != 1:
+            raise ValueError("fixed batches are called without gradient accumulation (accumulation=1)")
+
+
+class ShuffledBatches(keras.utils.PyDataset):
+    """``steps`` batches of ``batch_size`` records of ``(features, labels)``, epoch after epoch: each epoch a
+    uniformly random order (numpy, from ``seed``) cut into N // B full batches, the N mod B records left over
+    sitting that epoch out. Why not ``fit(x, y, batch_size=B, shuffle=True)``: Keras then hands over a short
+    last batch of N mod B records, which the library's train step refuses (``ValueError: The batch size in
+    the DP parameters is not equal to the batch size of the actual data``, raised when that batch arrives,
+    also with ``steps_per_epoch``, whose iterator runs on into the short batch); full batches only are what
+    a user must feed it, as ``drop_remainder=True`` or ``drop_last=True`` would."""
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray, *, batch_size: int, steps: int, seed: int) -> None:
+        super().__init__()
+        per_epoch = features.shape[0] // batch_size
+        if per_epoch < 1:
+            raise ValueError(f"fixed batches of {batch_size} need at least {batch_size} records, got {features.shape[0]}")
+        rng = np.random.default_rng(seed)
+        epochs = -(-steps // per_epoch)
+        orders = [rng.permutation(features.shape[0])[: per_epoch * batch_size] for _ in range(epochs)]
+        self.batches = np.concatenate(orders).reshape(-1, batch_size)[:steps]
+        self.features, self.labels = features, labels
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.batches[index]
+        return self.features[rows], self.labels[rows]
+
+
+class _HandOver(keras.callbacks.Callback):
+    """Hands the weights after every ``accumulation``-th batch (one optimizer update) to the request's
+    ``observe_update``."""
+
+    def __init__(self, request: TrainingRequest, accumulation: int) -> None:
+        super().__init__()
+        self.request, self.accumulation = request, accumulation
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        if (batch + 1) % self.accumulation == 0:
+            hand_over_kernels(self.request, (batch + 1) // self.accumulation, lambda: _weights(self.model))
+
+
+def _weights(model: keras.Model) -> list[np.ndarray]:
+    return [np.asarray(variable.value) for variable in model.trainable_weights]
 
 
 @dataclass(frozen=True)
@@ -198,7 +255,7 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
         raise ValueError("the JAX-Privacy trainers take no UniAud++ tags; audit them with the synthetic designs")
     hp = request.hyperparameters
     k = call.accumulation
-    batch_size = _batch_size(request, k)
+    batch_size = hp.fixed_batch_size(request.num_records) if call.fixed_batches else _batch_size(request, k)
     # With accumulation the dataset is cut to a multiple of the accumulated batch (as Keras' drop_remainder
     # would), so q = batch_size / train_size is the same in every run: 1/k at q = 1.
     n = request.num_records if k == 1 else batch_size * k * max(1, round(1 / hp.sampling_rate))
@@ -206,7 +263,7 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     physical_steps = hp.steps * k
     dp = dict(
         delta=hp.delta, clipping_norm=float(hp.max_grad_norm), batch_size=batch_size, gradient_accumulation_steps=k,
-        train_steps=physical_steps, train_size=n, poisson_sampling_in_fit=True,
+        train_steps=physical_steps, train_size=n, poisson_sampling_in_fit=not call.fixed_batches,
         microbatch_size=min(MICROBATCH, batch_size),
     )
     epsilon = hp.target_epsilon
@@ -235,10 +292,20 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
         _reset(model, optimizer_state, _initial_weights(config, seeds.init), seeds.noise)
         model._dp_params = _seeded(config.dp, seeds.sampling)
         keras.utils.set_random_seed(seeds.sampling)  # Keras shuffles the order of the Poisson batches
-        model.fit(features, labels, batch_size=batch_size, epochs=1, steps_per_epoch=physical_steps, verbose=0)
+        hand_over_kernels(request, 0, lambda: _weights(model))
+        callbacks = [] if request.observe_update is None else [_HandOver(request, k)]
+        if call.fixed_batches:
+            data = ShuffledBatches(features, labels, batch_size=batch_size, steps=physical_steps, seed=seeds.sampling)
+            # shuffle=False: the batches are already in the epochs' order, which Keras would shuffle across epochs.
+            model.fit(data, epochs=1, steps_per_epoch=physical_steps, shuffle=False, verbose=0, callbacks=callbacks)
+        else:
+            model.fit(
+                features, labels, batch_size=batch_size, epochs=1, steps_per_epoch=physical_steps, verbose=0,
+                callbacks=callbacks,
+            )
         sigma = float(model.get_noise_multiplier())
-        weights = [np.asarray(variable.value) for variable in model.trainable_weights]
-    names = ("w1", "b1", "w", "b") if config.hidden_width else ("w", "b")
+        weights = _weights(model)
+    names = LAYER_ORDER if config.hidden_width else LAYER_ORDER[2:]
     # The claim: the library's accountant on the numbers its config checked (physical batch and steps when the
     # user gave σ: what DPKerasConfig._validate_params computes; the accumulated batch otherwise).
     claimed_batch = batch_size if call.user_noise else batch_size * k

@@ -6,7 +6,8 @@
 in a user's script: the sampling rate q = 1/len(loader) = 1/⌈N/B⌉, the normaliser
 expected_batch_size = int(N·q), the steps of an epoch (1/q) and, for a target ε, σ via
 ``get_noise_multiplier(sample_rate=q, epochs=...)`` as ``make_private_with_epsilon`` does; training is
-``for epoch in range(epochs): for x, y in loader: ...``. Imports torch and opacus.
+``for epoch in range(epochs): for x, y in loader: ...``, handing the parameters over after each step. Imports
+torch and opacus.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpverify.contract import TrainedModel, TrainingRequest
-from dpverify.torch import black_boxes, fast_math
+from dpverify.torch import black_boxes, fast_math, hand_over_parameters
 from dpverify_opacus._training import Tweak, backward_batch, build_run, claim_from_accountant, trained_module
 
 
@@ -68,11 +69,15 @@ def train_opacus_dataloader(
         calibrated = dataclasses.replace(hp, noise_multiplier=float(sigma), target_epsilon=None)
         request = dataclasses.replace(request, hyperparameters=calibrated)
     run = build_run(request, name=name, grad_sample_mode=grad_sample_mode, tweak=tweak)
+    model, taken = trained_module(run), 0
+    hand_over_parameters(request, 0, model)
     with fast_math(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         for _ in range(hp.epochs):
             for inputs, targets in run.data_loader:
                 backward_batch(run, inputs, targets)
                 run.optimizer.step()
+                taken += 1
+                hand_over_parameters(request, taken, model)
     claim = claim_from_accountant(run.engine.accountant, hp.delta, name=name)
     return TrainedModel(**black_boxes(trained_module(run), request, run.device), claim=claim, device=run.device.type)

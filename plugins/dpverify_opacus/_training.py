@@ -26,7 +26,17 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpverify.contract import PrivacyClaim, TrainedModel, TrainingRequest
-from dpverify.torch import as_tensors, black_boxes, build_mlp, fast_math, resolve_device, seeds_for, training_criterion
+from dpverify.torch import (
+    as_tensors,
+    black_boxes,
+    build_mlp,
+    fast_math,
+    hand_over_parameters,
+    resolve_device,
+    seeds_for,
+    training_criterion,
+)
+
 
 class _EmptyPoissonBatchNotice(logging.Filter):
     """Drops Opacus' warning that a Poisson batch came out empty: with the one or two records of a
@@ -296,6 +306,8 @@ def run_steps(run: OpacusRun) -> PrivacyClaim:
     """Take exactly the request's steps and return the claim Opacus' accountant states for them."""
     steps = run.request.hyperparameters.steps
     taken = 0
+    model = trained_module(run)
+    hand_over_parameters(run.request, 0, model)
     with fast_math(), warnings.catch_warnings():
         # torch warns on every backward that Opacus' hooks fire on module outputs (inputs need no grad).
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -305,6 +317,7 @@ def run_steps(run: OpacusRun) -> PrivacyClaim:
             backward_batch(run, inputs, targets)
             run.optimizer.step()
             taken += 1
+            hand_over_parameters(run.request, taken, model)
             if run.request.progress is not None:
                 run.request.progress(taken, steps)
     if taken != steps:

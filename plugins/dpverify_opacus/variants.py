@@ -13,17 +13,16 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from opacus.grad_sample.embedding import compute_embedding_norm_sample
 from opacus.grad_sample.layer_norm import compute_layer_norm_grad_sample
 from opacus.grad_sample.linear import compute_linear_norm_sample
 
 from dpverify.torch import MultiTaskMLP
-from dpverify_opacus._training import OpacusRun, Tweak, batch_fetching_loader, mix_into
+from dpverify_opacus._training import OpacusRun, Tweak, mix_into
 
 # ---------------------------------------------------------------------------------------------------
 # Mutations of Opacus' classes. Each is a function ``base -> subclass of base`` (base: the class of the
@@ -297,34 +296,28 @@ class AccountantSkipsSteps(Tweak):
         run.optimizer.attach_step_hook(every_kth_step)
 
 
-class _ShuffledBatches:
-    """Each pass: a fresh permutation of the records split into ``steps_per_epoch`` near-equal batches."""
-
-    def __init__(self, num_records: int, steps_per_epoch: int, generator: torch.Generator):
-        self.num_records = num_records
-        self.steps_per_epoch = steps_per_epoch
-        self.generator = generator
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
-    def __iter__(self):
-        order = torch.randperm(self.num_records, generator=self.generator).numpy()
-        for chunk in np.array_split(order, self.steps_per_epoch):
-            yield chunk.tolist()
-
-
 class ShuffledBatches(Tweak):
-    """Row 9: Opacus' ``poisson_sampling=False`` path over a shuffled fixed-size batch loader; Opacus
-    still accounts Poisson sampling at rate 1/len(data_loader)."""
+    """Opacus' documented ``make_private(poisson_sampling=False)`` on a user's
+    ``DataLoader(dataset, batch_size=B, shuffle=True)`` with B = ⌈N/k⌉ for k = 1/q batches an epoch (the
+    last one short when B does not divide N, as a data loader leaves it); Opacus still accounts Poisson
+    sampling at rate 1/len(data_loader). The designated normaliser stays, so this is shuffling alone, not
+    Opacus #571's int(N·q)."""
 
     poisson_sampling = False
 
     def data_loader(
         self, tensors: tuple[torch.Tensor, ...], *, steps_per_epoch: int, generator: torch.Generator
     ) -> DataLoader:
-        sampler = _ShuffledBatches(len(tensors[0]), steps_per_epoch, generator)
-        return batch_fetching_loader(tensors, batch_sampler=sampler, generator=generator)
+        records = len(tensors[0])
+        batch_size = math.ceil(records / steps_per_epoch)
+        loader = DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=True, generator=generator)
+        if len(loader) != steps_per_epoch:
+            raise ValueError(
+                f"{records} records in batches of {batch_size} make {len(loader)} batches an epoch, not the "
+                f"{steps_per_epoch} of q = 1/{steps_per_epoch}: choose a record count whose ⌈N/k⌉-sized "
+                "batches number k"
+            )
+        return loader
 
 
 class ReplaceOneClaim(Tweak):

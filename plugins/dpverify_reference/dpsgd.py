@@ -13,6 +13,7 @@ from dpverify.torch import (
     black_boxes,
     build_mlp,
     fast_math,
+    hand_over_parameters,
     training_criterion,
     poisson_batches,
     resolve_device,
@@ -118,6 +119,7 @@ def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") 
     expected_batch_size = hp.normaliser(request.num_records)
 
     taken = 0
+    hand_over_parameters(request, 0, model)
     with fast_math():
         for batch in poisson_batches(request.num_records, hp.sampling_rate, steps, seed=seeds.sampling):
             batch = batch.to(device)
@@ -133,6 +135,7 @@ def train_reference(request: TrainingRequest, *, name: str = "reference-dpsgd") 
                 criterion=criterion,
             )
             taken += 1
+            hand_over_parameters(request, taken, model)
             if request.progress is not None:
                 request.progress(taken, steps)
     if taken != steps:  # pragma: no cover - poisson_batches yields exactly `steps`

@@ -9,6 +9,9 @@ boxes.
 ``tf-privacy-fast-clipping`` trains the same model as TF-Privacy's ``DPModel`` (``make_dp_model_class``)
 with the fast-clipping layer registry (ghost norms), with the same sampler, seeds and claim.
 The variants (rows 1-4 of ``bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
+``tf-privacy-keras-fixed-batches`` is the unmodified optimizer fed as TF-Privacy's tutorial feeds it:
+shuffled fixed-size batches, accounted by ``compute_dp_sgd_privacy`` as Poisson sampling (a known issue:
+its own documentation says that it "assumes Poisson subsampling, which is rarely used in practice").
 
 This module does not import tensorflow: listing implementations works without it. Training imports
 :mod:`dpverify_tfprivacy._keras` (or ``_fast_clipping``) and :mod:`dpverify_tfprivacy._accounting`, which do.
@@ -70,7 +73,13 @@ class TFPrivacyKeras(Implementation):
     ``_fast_clipping.FAST_STEPS``), correct (``step="correct"``) or one of its mutations."""
 
     def __init__(
-        self, info: ImplementationInfo, step: str = "correct", *, path: str = "optimizer", realised_normaliser: bool = False
+        self,
+        info: ImplementationInfo,
+        step: str = "correct",
+        *,
+        path: str = "optimizer",
+        realised_normaliser: bool = False,
+        fixed_batches: bool = False,
     ) -> None:
         if path not in PATHS:
             raise ValueError(f"unknown TF-Privacy path {path!r}; expected one of {', '.join(PATHS)}")
@@ -78,25 +87,30 @@ class TFPrivacyKeras(Implementation):
         self.step = step
         self.path = path
         self.realised_normaliser = realised_normaliser
+        self.fixed_batches = fixed_batches
 
     def train(self, request: TrainingRequest) -> TrainedModel:
         from dpverify_tfprivacy import _keras  # first: tensorflow without its CUDA-factory noise
         from dpverify_tfprivacy import _accounting
 
         hp = request.hyperparameters
+        # Fixed batches: the tutorial gives the accountant n = N and batch_size = B, so it states q = B/N.
+        q = hp.fixed_batch_size(request.num_records) / request.num_records if self.fixed_batches else hp.sampling_rate
         sigma, claim = noise_and_claim(
             self.info.name,
             "TF-Privacy",
             hp,
-            calibrate=lambda: _accounting.calibrate_noise_multiplier(hp.target_epsilon, hp.sampling_rate, hp.steps, hp.delta),
-            claim=lambda sigma: _accounting.claim(sigma, hp.sampling_rate, hp.steps, hp.delta),
+            calibrate=lambda: _accounting.calibrate_noise_multiplier(hp.target_epsilon, q, hp.steps, hp.delta),
+            claim=lambda sigma: _accounting.claim(sigma, q, hp.steps, hp.delta),
         )
         if self.path == "fast_clipping":
             from dpverify_tfprivacy import _fast_clipping as trainer
         else:
             trainer = _keras
         try:
-            run = trainer.train_mlp(request, self.step, sigma, realised_normaliser=self.realised_normaliser)
+            run = trainer.train_mlp(
+                request, self.step, sigma, realised_normaliser=self.realised_normaliser, fixed_batches=self.fixed_batches
+            )
         except (FloatingPointError, ValueError) as exc:
             raise RuntimeError(f"{self.info.name}: {exc}") from exc
         return TrainedModel(
@@ -196,6 +210,26 @@ def _layer_variant(name: str, step: str, layer: str, how: str) -> TFPrivacyKeras
     return TFPrivacyKeras(info, step, path="fast_clipping")
 
 
+_FIXED_BATCH_NOTES = (
+    "TF-Privacy's tutorial pipeline (classification_privacy): the dataset shuffled with a buffer of all N "
+    "records and cut into fixed-size batches, dataset.shuffle(N).batch(B) with B = round(qN) (the designated "
+    "expected_batch_size when given), reshuffled every epoch, the last batch of an epoch N mod B records short "
+    "(drop_remainder=False); exactly the request's steps are taken, epoch after epoch. The step is the "
+    "unmodified DPKerasSGDOptimizer (num_microbatches=None, per-example losses, the request's σ and learning "
+    "rate), which divides each noisy sum by its batch's size: B, and the short batch's own size. Claim: "
+    "tensorflow_privacy.compute_dp_sgd_privacy with n = N and batch_size = B, i.e. Poisson sampling at "
+    "q = B/N for the run's steps (RDP, add/remove), which its documentation says it assumes although "
+    "Poisson sampling 'is rarely used in practice'. Shuffled fixed batches are not that mechanism: a "
+    "record sits in exactly one batch an epoch, beside B - 1 others, and an adversary who sees every "
+    "update can tell a batch holding it from one without. The batches are drawn with numpy (a uniform "
+    "order per epoch, what a full shuffle buffer draws) so that the seed alone decides them."
+)
+
+_FIXED_BATCH_ISSUE = (
+    "https://github.com/tensorflow/privacy/blob/master/tensorflow_privacy/privacy/analysis/compute_dp_sgd_privacy_lib.py"
+)
+
+
 def implementations() -> list[Implementation]:
     """The entry point ``dpverify_tfprivacy:implementations``; imports no tensorflow."""
     return [
@@ -205,4 +239,17 @@ def implementations() -> list[Implementation]:
             "correct",
             path="fast_clipping",
         ),
-    ] + [_variant(*row) for row in _VARIANTS] + [_layer_variant(*row) for row in _LAYER_VARIANTS]
+    ] + [_variant(*row) for row in _VARIANTS] + [_layer_variant(*row) for row in _LAYER_VARIANTS] + [
+        TFPrivacyKeras(
+            ImplementationInfo(
+                name="tf-privacy-keras-fixed-batches",
+                expected="known-issue",
+                issue=_FIXED_BATCH_ISSUE,
+                notes=_FIXED_BATCH_NOTES,
+                designated_normaliser=False,
+                **_LIBRARY,
+            ),
+            "correct",
+            fixed_batches=True,
+        ),
+    ]

@@ -232,9 +232,11 @@ def _create_step_variables(model: tf.keras.Model, features: tf.Tensor, targets: 
     _keras.create_step_variables(model.optimizer, model)
 
 
-def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float, *, realised_normaliser: bool = False) -> _keras.KerasRun:
+def train_mlp(
+    request: TrainingRequest, step: str, noise_multiplier: float, *, realised_normaliser: bool = False, fixed_batches: bool = False
+) -> _keras.KerasRun:
     """Train the designated MLP on ``request`` with TF-Privacy's fast-clipping DP model (or its mutation);
-    ``realised_normaliser``: see :func:`_keras.train_poisson`."""
+    ``realised_normaliser`` and ``fixed_batches``: see :func:`_keras.train_steps`."""
     hp = request.hyperparameters
 
     def make_step(x: tf.Tensor, y: tf.Tensor):
@@ -253,4 +255,4 @@ def train_mlp(request: TrainingRequest, step: str, noise_multiplier: float, *, r
         return model, dp_sgd_step, model.optimizer
 
     variant = ("fast_clipping", step, FAST_STEPS.get(step), noise_multiplier)
-    return _keras.train_poisson(request, variant, make_step, realised_normaliser=realised_normaliser)
+    return _keras.train_steps(request, variant, make_step, realised_normaliser=realised_normaliser, fixed_batches=fixed_batches)

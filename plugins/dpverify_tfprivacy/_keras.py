@@ -38,10 +38,10 @@ from scipy.special import log_softmax  # noqa: E402
 from tensorflow_privacy.privacy.dp_query import gaussian_query  # noqa: E402
 from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras  # noqa: E402
 
-from dpverify.contract import LayerArchitecture, TrainingRequest  # noqa: E402
+from dpverify.contract import LayerArchitecture, TrainingRequest, hand_over_kernels  # noqa: E402
 from dpverify_tfprivacy._reuse import LOCK, ReusedStep, reused_step  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
-from dpverify_tfprivacy._sampling import kernel_seeds, poisson_batches  # noqa: E402
+from dpverify_tfprivacy._sampling import kernel_seeds, poisson_batches, shuffled_batches  # noqa: E402
 
 DPStep = Literal["correct", "no_noise", "no_clipping", "noise_for_mean"]
 DP_STEPS: tuple[str, ...] = ("correct", "no_noise", "no_clipping", "noise_for_mean")
@@ -63,7 +63,7 @@ __all__ = [
     "training_targets",
     "KerasRun",
     "train_mlp",
-    "train_poisson",
+    "train_steps",
 ]
 
 
@@ -263,9 +263,11 @@ def _allow_gpu_memory_growth() -> None:
             pass
 
 
-def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float, *, realised_normaliser: bool = False) -> KerasRun:
+def train_mlp(
+    request: TrainingRequest, step: DPStep, noise_multiplier: float, *, realised_normaliser: bool = False, fixed_batches: bool = False
+) -> KerasRun:
     """Train the designated MLP on ``request`` with TF-Privacy's DP optimizer step (or its mutation ``step``);
-    ``realised_normaliser``: see :func:`train_poisson`."""
+    ``realised_normaliser`` and ``fixed_batches``: see :func:`train_steps`."""
     hp = request.hyperparameters
 
     def make_step(_x: tf.Tensor, _y: tf.Tensor) -> tuple[tf.keras.Model, Callable, tf.keras.optimizers.legacy.Optimizer]:
@@ -284,7 +286,8 @@ def train_mlp(request: TrainingRequest, step: DPStep, noise_multiplier: float, *
 
         return model, dp_sgd_step, optimizer
 
-    return train_poisson(request, ("optimizer", step, noise_multiplier), make_step, realised_normaliser=realised_normaliser)
+    variant = ("optimizer", step, noise_multiplier)
+    return train_steps(request, variant, make_step, realised_normaliser=realised_normaliser, fixed_batches=fixed_batches)
 
 
 def create_step_variables(optimizer: tf.keras.optimizers.legacy.Optimizer, model: tf.keras.Model) -> None:
@@ -293,14 +296,17 @@ def create_step_variables(optimizer: tf.keras.optimizers.legacy.Optimizer, model
     optimizer._create_all_weights(model.trainable_variables)  # noqa: SLF001 (Keras 2 has no public build for it)
 
 
-def train_poisson(
+def train_steps(
     request: TrainingRequest,
     variant: tuple[Hashable, ...],
     make_step: Callable[[tf.Tensor, tf.Tensor], tuple[tf.keras.Model, Callable[..., None], tf.keras.optimizers.legacy.Optimizer]],
     *,
     realised_normaliser: bool = False,
+    fixed_batches: bool = False,
 ) -> KerasRun:
-    """The run every TF-Privacy path shares: seeds, device, Poisson batches, divergence check, black boxes.
+    """The run every TF-Privacy path shares: seeds, device, batches, divergence check, the hand-over of every
+    update (:attr:`~dpverify.contract.Request.observe_update`: the weights before the first step and after
+    each, an empty batch's unchanged ones included), black boxes.
 
     ``make_step(x, y)`` builds the model and every variable its step uses (``(x, y)``: one record, for
     steps that build on data), and returns the model, its DP step on a batch ``(x, y)``, and the
@@ -318,6 +324,11 @@ def train_poisson(
     is scaled by B_t / the designated normaliser (``DPHyperparameters.normaliser``): the update is then the
     noisy sum over the public normaliser, while TF-Privacy still clips, sums, noises and divides.
     ``realised_normaliser=True`` leaves the rate alone: the call TF-Privacy's API makes by default.
+
+    ``fixed_batches=True`` is the tutorial's pipeline instead (:func:`~dpverify_tfprivacy._sampling.shuffled_batches`:
+    ``shuffle(N).batch(B)`` epoch after epoch, B = :meth:`~dpverify.contract.DPHyperparameters.fixed_batch_size`,
+    the last batch of an epoch N mod B records short), with the rate left alone as the tutorial leaves it:
+    TF-Privacy divides each batch's noisy sum by its size, B, and the short batch's by its own size.
     """
     hp = request.hyperparameters
     seeds = seeds_for(request.seed)
@@ -341,13 +352,19 @@ def train_poisson(
         entry.start(initial, seeds.noise)
         batch_sizes = []
         normaliser = hp.normaliser(request.num_records)
-        batches = poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling)
+        if fixed_batches:
+            batches = shuffled_batches(request.num_records, hp.fixed_batch_size(request.num_records), hp.steps, seeds.sampling)
+        else:
+            batches = poisson_batches(request.num_records, hp.sampling_rate, hp.steps, seeds.sampling)
+        rescale = not (realised_normaliser or fixed_batches)
+        hand_over_kernels(request, 0, entry.model.get_weights)
         for taken, indices in enumerate(batches, 1):
             batch_sizes.append(int(indices.size))
             if indices.size:
-                if not realised_normaliser:
+                if rescale:
                     entry.optimizer.learning_rate.assign(hp.learning_rate * indices.size / normaliser)
                 entry.step(tf.constant(features[indices]), tf.constant(targets[indices]))
+            hand_over_kernels(request, taken, entry.model.get_weights)
             if request.progress is not None:
                 request.progress(taken, hp.steps)
         weights = entry.model.get_weights()
