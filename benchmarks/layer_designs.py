@@ -31,10 +31,10 @@ from dpverify.audits import run_audit
 from dpverify.config import layer_config, profile_config
 from dpverify.gate import gate_audits
 from dpverify.registry import registered_implementations
-from dpverify.session import AuditSession, outcome_mark
+from dpverify.session import AuditSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from two_world import _range, _write, header  # noqa: E402
+from two_world import _range, _write, header, verdict_cells  # noqa: E402
 
 
 def main() -> None:
@@ -82,16 +82,12 @@ def main() -> None:
             started = time.perf_counter()
             results.append(run_audit(implementation, config))
             seconds.append(time.perf_counter() - started)
-        marks = [outcome_mark({"verdict": r.verdict, "expected": info.expected, "detectability": info.detectability}) for r in results]
         powers = [r.power for r in results if r.power is not None]
         rho = np.median([p.signal_fraction for p in powers if p.signal_fraction is not None]) if powers else float("nan")
         deficits = [p.smallest_deficit for p in powers if p.smallest_deficit is not None]
         row = (
-            f"| {info.name} | {info.expected}{f' ({info.detectability})' if info.detectability else ''} | "
-            f"{audit.layer or 'none (default one-run audit)'} | "
-            f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | "
-            f"{sum(m != '!' for m in marks)} / {len(results)} | {_range([r.epsilon_lower_bound for r in results])} | "
-            f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
+            verdict_cells(info, audit.layer or "none (default one-run audit)", results)
+            + f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
             f"{np.median(deficits) if deficits else float('nan'):.2f} | {np.median(seconds):.1f} |"
         )
         print(row, flush=True)

@@ -326,47 +326,46 @@ VARIANTS: tuple[VariantSpec, ...] = (
         detectability="D4",
         notes="the noise generator is reseeded before each DPOptimizer.add_noise; D4, the weaker end of D3–D4",
     ),
-    VariantSpec(
-        name="opacus-ghost-embedding-norm",
-        bug=2,
-        tweak="undercounting_norm",
-        tweak_args={"layer": "embedding"},
-        breaks="each record's gradient must be clipped by its whole norm; here ghost clipping's Embedding norm "
-        "takes a token repeated within a record as separate rows, √(Σ_t |g_t|²), so a record of T equal tokens "
-        "is clipped at √T·C",
-        detectability="D2",
-        notes="Opacus' own Embedding norm sampler with each position's token offset to a token of its own, in "
-        "the run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the embedding layer "
-        "design (16 positions: sensitivity 4C), invisible to softmax regression",
-        layers=("embedding",),
-    ),
-    VariantSpec(
-        name="opacus-ghost-linear-bias-norm",
-        bug=2,
-        tweak="undercounting_norm",
-        tweak_args={"layer": "linear_3d"},
-        breaks="each record's gradient must be clipped by its whole norm; here ghost clipping's Linear bias norm "
-        "on a 3-D input is its 2-D formula, √(Σ_t |g_t|²), not the norm of the gradient summed over positions "
-        "(Opacus #751)",
-        detectability="D2",
-        notes="Opacus' own Linear norm sampler with the bias entry replaced, in the run's copy of "
-        "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (9 positions, "
-        "input 0.125: sensitivity 2.8C), invisible to softmax regression (2-D input)",
-        layers=("linear_3d",),
-    ),
-    VariantSpec(
-        name="opacus-ghost-layer-norm-norm",
-        bug=2,
-        tweak="undercounting_norm",
-        tweak_args={"layer": "layer_norm"},
-        breaks="each record's gradient must be clipped by its whole norm; here fast gradient clipping's LayerNorm "
-        "per-record gradients (whose norms it clips by) average over the positions instead of summing them",
-        detectability="D2",
-        notes="Opacus' own LayerNorm grad sampler divided by the positions, in the run's copy of "
-        "GradSampleModuleFastGradientClipping.GRAD_SAMPLERS (ghost mode has no LayerNorm norm sampler; it takes "
-        "norms of these); seen by the layer_norm design (4 positions: sensitivity 4C), invisible to softmax "
-        "regression",
-        layers=("layer_norm",),
+    *(
+        VariantSpec(
+            name=f"opacus-ghost-{name}-norm",
+            bug=2,
+            tweak="undercounting_norm",
+            tweak_args={"layer": layer},
+            breaks=f"each record's gradient must be clipped by its whole norm; here {breaks}",
+            detectability="D2",
+            notes=f"{how}; invisible to softmax regression (one Linear on 2-D input)",
+            layers=(layer,),
+        )
+        for name, layer, breaks, how in (
+            (
+                "embedding",
+                "embedding",
+                "ghost clipping's Embedding norm takes a token repeated within a record as separate rows, "
+                "√(Σ_t |g_t|²), so a record of T equal tokens is clipped at √T·C",
+                "Opacus' own Embedding norm sampler with each position's token offset to a token of its own, in the "
+                "run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the embedding layer "
+                "design (16 positions: sensitivity 4C)",
+            ),
+            (
+                "linear-bias",
+                "linear_3d",
+                "ghost clipping's Linear bias norm on a 3-D input is its 2-D formula, √(Σ_t |g_t|²), not the norm "
+                "of the gradient summed over positions (Opacus #751)",
+                "Opacus' own Linear norm sampler with the bias entry replaced, in the run's copy of "
+                "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (9 "
+                "positions, input 0.125: sensitivity 2.8C)",
+            ),
+            (
+                "layer-norm",
+                "layer_norm",
+                "fast gradient clipping's LayerNorm per-record gradients (whose norms it clips by) average over "
+                "the positions instead of summing them",
+                "Opacus' own LayerNorm grad sampler divided by the positions, in the run's copy of "
+                "GradSampleModuleFastGradientClipping.GRAD_SAMPLERS (ghost mode has no LayerNorm norm sampler; "
+                "it takes norms of these); seen by the layer_norm design (4 positions: sensitivity 4C)",
+            ),
+        )
     ),
 )
 
