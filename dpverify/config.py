@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from dpverify._validation import check_choice, check_int, check_probability
 from dpverify.canaries.synthetic import CanaryConfig, check_dirac_room
-from dpverify.contract import DPHyperparameters, MLPArchitecture
+from dpverify.contract import LAYERS, DPHyperparameters, LayerArchitecture, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
 from dpverify.canaries.worlds import WORLD_KINDS, TwoWorldConfig
 from dpverify.stats.scoring import SCORE_KINDS, GuessRule
@@ -63,6 +63,10 @@ class AuditConfig:
     design, Dirac canaries and softmax regression; the normaliser is designated as q·m (the members'
     count is secret), and a trainer that hands nothing over gets the audit "not run" (undecided).
 
+    A :class:`~dpverify.contract.LayerArchitecture` (:func:`layer_config`) designates one layer that fast
+    clipping computes a per-record norm for by a formula of its own, with canaries that own that layer's
+    parameters (``dirac`` tokens for ``embedding``, ``owned_labels`` for ``linear_3d``).
+
     ``two_world`` trains the implementation ``worlds.runs`` times on each of two crafted neighbouring
     datasets (:class:`~dpverify.canaries.worlds.TwoWorldConfig`) with this config's model and training, and
     tests the scores of the runs (add/remove); it sees what one run cannot, e.g. a normaliser that reads
@@ -70,7 +74,7 @@ class AuditConfig:
     """
 
     canaries: CanaryConfig = field(default_factory=CanaryConfig)
-    architecture: MLPArchitecture = field(default_factory=MLPArchitecture)
+    architecture: MLPArchitecture | LayerArchitecture = field(default_factory=MLPArchitecture)
     hyperparameters: DPHyperparameters = field(default_factory=lambda: DPHyperparameters(target_epsilon=2.0))
     design: Design = "inclusion"
     score: str = "auto"
@@ -113,6 +117,8 @@ class AuditConfig:
                 "hidden_width=0 (softmax regression); set hidden_width >= 1 or take the design's profile "
                 f"with profile_config(..., design={self.design!r})"
             )
+        if isinstance(self.architecture, LayerArchitecture):
+            check_layer_canaries(self.architecture, self.canaries.mode, self.design)
         if self.is_data_dependent and self.score != "auto":
             raise ValueError(f"score must be 'auto' for the {self.design!r} design (its score is fixed), got {self.score!r}")
 
@@ -173,6 +179,8 @@ class AuditConfig:
 #: Flat names a user may set (marker keywords, CLI flags, Hypothesis strategies), and where each lives.
 CANARY_FIELDS = ("m", "dimension", "num_classes", "mode", "feature_scale")
 ARCHITECTURE_FIELDS = ("hidden_width",)
+#: Flat names of a layer design's architecture (:class:`~dpverify.contract.LayerArchitecture`).
+LAYER_FIELDS = ("positions",)
 HYPERPARAMETER_FIELDS = (
     "noise_multiplier",
     "max_grad_norm",
@@ -200,6 +208,7 @@ WORLD_FIELDS = ("world", "runs", "records", "outputs")
 OVERRIDABLE = (
     CANARY_FIELDS
     + ARCHITECTURE_FIELDS
+    + LAYER_FIELDS
     + HYPERPARAMETER_FIELDS
     + TOP_FIELDS
     + GUESS_FIELDS
@@ -239,11 +248,40 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         canaries=dataclasses.replace(config.canaries, **canary_fields),
         data=dataclasses.replace(config.data, **data_fields),
         worlds=dataclasses.replace(config.worlds, **pick(WORLD_FIELDS)),
-        architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
+        architecture=override_architecture(config.architecture, overrides),
         hyperparameters=override_hyperparameters(config.hyperparameters, overrides),
         guess_rule=override_guess_rule(config.guess_rule, overrides),
         **top_fields,
     )
+
+
+def override_architecture(
+    architecture: MLPArchitecture | LayerArchitecture, overrides: dict[str, Any]
+) -> MLPArchitecture | LayerArchitecture:
+    """``architecture`` with its flat fields in ``overrides``; a field of the other kind is a ``ValueError``."""
+    own, other = (LAYER_FIELDS, ARCHITECTURE_FIELDS)
+    if isinstance(architecture, MLPArchitecture):
+        own, other = other, own
+    wrong = sorted(k for k in other if k in overrides)
+    if wrong:
+        raise ValueError(
+            f"{', '.join(wrong)} do(es) not apply to the designated {type(architecture).__name__}; it takes "
+            f"{', '.join(own)}"
+        )
+    return dataclasses.replace(architecture, **{k: overrides[k] for k in own if k in overrides})
+
+
+def check_layer_canaries(architecture: LayerArchitecture, mode: str, design: str) -> None:
+    """A layer design needs synthetic canaries that own its layer's parameters: ``dirac`` tokens own their
+    embedding row; ``owned_labels`` own their rows of a linear layer and its bias coordinates."""
+    if design not in SYNTHETIC_DESIGNS:
+        raise ValueError(f"a layer design takes the synthetic designs {SYNTHETIC_DESIGNS}, got design={design!r}")
+    needed = LAYER_CANARY_MODES[architecture.layer]
+    if mode != needed:
+        raise ValueError(
+            f"the {architecture.layer!r} layer design needs canaries of mode {needed!r} (each owns its own "
+            f"parameters of the layer), got mode={mode!r}"
+        )
 
 
 def check_timeout(timeout: Any) -> None:
@@ -372,6 +410,70 @@ def profile_config(name: str, **overrides: Any) -> AuditConfig:
     check_choice("profile", name, PROFILE_NAMES)
     needs_mlp = overrides.get("design", PROFILES[name].design) in DATA_DESIGNS
     return apply_overrides((MLP_PROFILES if needs_mlp else PROFILES)[name], overrides)
+
+
+#: The canary mode whose canaries own a layer's parameters (:func:`check_layer_canaries`).
+LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_norm": "owned_labels"}
+#: What the default gate designates in each layer design at the quick profile, fixed before any audit ran:
+#: the Dirac quick profile's training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions, so
+#: that a formula that takes the positions as separate rows states too little by √16 = 4 for the embedding
+#: and by 2.8 for the linear layer (T = 9 and an input of 0.125, whose weight's share of the norm the bias
+#: formula does not touch; benchmarks/layer_sim.py). ``embedding``: 4 runs of 1000 Dirac tokens, 10 classes;
+#: ``linear_3d``: 8 runs of 500 canaries, each owning 2 of its run's 1000 labels, one input feature (its cost
+#: grows with a run's canaries times its labels times T, so its runs and T are smaller); ``layer_norm``: as
+#: ``linear_3d``, its input the run's 1000 labels wide (:func:`layer_config` sets the dimension), each canary's
+#: feature on its label's coordinate, T = 4, so that a formula that averages the positions states 4 times too
+#: little. Its normalised feature is √1000 ≈ 32 on the label's coordinate, so a clipped step moves the
+#: canary's logit T·32 times lr·C/N: lr 1/8 keeps that at 0.016 a step, as the other designs' (the Dirac
+#: profile's lr 2 moved it 0.57 a step, out of the linear regime: ρ 0.79 instead of 1.02, seed 1).
+LAYER_SETTINGS: dict[str, dict[str, Any]] = {
+    "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
+    "linear_3d": dict(
+        m=4000, pooled_runs=8, positions=9, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.125
+    ),
+    "layer_norm": dict(
+        m=4000, pooled_runs=8, positions=4, num_classes=2, mode="owned_labels", feature_scale=1.0, learning_rate=0.125
+    ),
+}
+#: Each profile's canaries of a layer design, as a multiple of the quick setting's (more pooled runs).
+LAYER_RUNS_SCALE: dict[str, int] = {"quick": 1, "standard": 10, "gpu": 10, "mlp": 1, "paper": 10}
+
+
+def layer_config(profile: str, layer: str, **overrides: Any) -> AuditConfig:
+    """The default gate's audit of the ``layer`` design at ``profile``: the profile's Dirac training with
+    the layer's :class:`~dpverify.contract.LayerArchitecture` and canaries (:data:`LAYER_SETTINGS`, pooled
+    runs scaled by :data:`LAYER_RUNS_SCALE`), then ``overrides`` (:func:`apply_overrides`)."""
+    check_choice("profile", profile, PROFILE_NAMES)
+    check_choice("layer", layer, LAYERS)
+    setting = dict(LAYER_SETTINGS[layer])
+    scale = LAYER_RUNS_SCALE[profile]
+    setting.update(m=setting["m"] * scale, pooled_runs=setting["pooled_runs"] * scale)
+    quick = PROFILES["quick"]
+    canaries = dataclasses.replace(quick.canaries, mode=LAYER_CANARY_MODES[layer])
+    base = dataclasses.replace(quick, architecture=LayerArchitecture(layer=layer), canaries=canaries)
+    if profile != "quick":
+        base = dataclasses.replace(base, timeout=PROFILES[profile].timeout)
+    config = apply_overrides(base, {**setting, **overrides})
+    if layer != "layer_norm":
+        return config
+    # The LayerNorm's input is as wide as its run's labels: every run needs the same number of canaries.
+    if len(set(config.canaries_per_run)) != 1:
+        raise ValueError(
+            f"the layer_norm design needs as many canaries in every pooled run (its input is as wide as a run's "
+            f"labels), so m must be a multiple of pooled_runs, got m={config.canaries.m}, pooled_runs={config.pooled_runs}"
+        )
+    return config.with_overrides(dimension=config.canaries_per_run[0] * config.canaries.num_classes)
+
+
+#: The settings a session may change in the default gate's layer audits; the rest is the layer's design (a
+#: session's m or ε are the one-run audit's; a layer design's canaries, runs and claim are fixed with it).
+LAYER_GATE_SETTINGS: tuple[str, ...] = ("device", "timeout")
+
+
+def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> AuditConfig:
+    """:func:`layer_config` with those of a run's ``settings`` (meant for every audit: ``--set``,
+    ``--dp-audit-set``) that a gate layer audit takes (:data:`LAYER_GATE_SETTINGS`)."""
+    return layer_config(profile, layer, **{k: v for k, v in settings.items() if k in LAYER_GATE_SETTINGS})
 
 
 #: What the default gate designates in each two-world world at the quick profile, fixed before any audit

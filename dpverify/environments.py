@@ -189,6 +189,7 @@ def plan_entry(audit: Any, implementation: Any, config: Any, *, nodeid: str) -> 
         "implementation": audit.implementation_name,
         "world": audit.world,
         "every_update": audit.every_update,
+        "layer": audit.layer,
         "counted": audit.counted,
         "available": reason is None,
         "unavailable_reason": reason,

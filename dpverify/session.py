@@ -87,6 +87,8 @@ class AuditSession:
     worlds: str | tuple[str, ...] = "applicable"
     #: Whether the default gate runs each classifier's every-update audit (:mod:`dpverify.gate`).
     every_update: bool = True
+    #: The default gate's layer-design audits: ``"applicable"`` or ``"none"`` (:mod:`dpverify.gate`).
+    layers: str = "applicable"
     strict: bool = False
     timeout: float | None = None
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
@@ -358,11 +360,15 @@ def outcome_as_expected(result: dict[str, Any]) -> bool:
 
 
 def _design(result: dict[str, Any]) -> str:
-    """The design, with its world for a two-world audit (``two_world:dataset_size``), and ``@updates`` where
-    the adversary saw every released update rather than the final model."""
+    """The design, with its world for a two-world audit (``two_world:dataset_size``), its layer for a layer
+    design (``inclusion:embedding``), and ``@updates`` where the adversary saw every released update rather
+    than the final model."""
     design = result["design"]
     if design == "two_world":
         design = f"two_world:{(result.get('config') or {}).get('worlds', {}).get('world', '?')}"
+    layer = ((result.get("config") or {}).get("architecture") or {}).get("layer")
+    if layer is not None:
+        design = f"{design}:{layer}"
     return f"{design}@updates" if result.get("observed") == "every update" else design
 
 

@@ -1,9 +1,10 @@
 """The ready-made audit tests, no test code needed: per selected implementation its one-run audit, its
-every-update audit and a two-world audit of each crafted world that applies to it (:mod:`dpverify.gate`),
-under a virtual module ``dp-audit`` (node ids ``dp-audit::dp-audit[<name>]``,
-``dp-audit::every-update[<name>]`` and ``dp-audit::two-world[<name>-<world>]``, JUnit class ``dp-audit``),
-marked ``dp_audit`` (and ``dp_audit_every_update`` or ``dp_audit_two_world``), so ``-k``, ``-m`` and JUnit
-readers see them as tests like any other.
+every-update audit, a two-world audit of each crafted world that applies to it and an audit of each layer
+design it trains (:mod:`dpverify.gate`), under a virtual module ``dp-audit`` (node ids
+``dp-audit::dp-audit[<name>]``, ``dp-audit::every-update[<name>]``, ``dp-audit::two-world[<name>-<world>]``
+and ``dp-audit::layer[<name>-<layer>]``, JUnit class ``dp-audit``), marked ``dp_audit`` (and
+``dp_audit_every_update`` or ``dp_audit_two_world``), so ``-k``, ``-m`` and JUnit readers see them as tests
+like any other.
 
 Expectations are :func:`dpverify.pytest.fixture.judge`'s: a private implementation must not be refuted; a
 D1/D2 buggy variant must be (else the item fails: the audit missed a bug it should catch); an uncaught
@@ -59,6 +60,7 @@ class DPAuditItem(pytest.Item):
             execute_audit,
             gate_every_update_config,
             judge,
+            layer_audit_config,
             reproduce_hint,
             world_config,
         )
@@ -73,8 +75,12 @@ class DPAuditItem(pytest.Item):
         audit = self.audit
         if audit.every_update:
             config = gate_every_update_config(session)
+        elif audit.layer is not None:
+            config = layer_audit_config(session, audit.layer)
+        elif audit.world is not None:
+            config = world_config(session, audit.world)
         else:
-            config = audit_config(session, {}) if audit.world is None else world_config(session, audit.world)
+            config = audit_config(session, {})
         result = execute_audit(session, self, implementation, config, key=audit.seed_key, counted=audit.counted)
         judge(result, implementation, strict=session.strict, reproduce=reproduce_hint(session, self, implementation))
 
@@ -87,7 +93,10 @@ class DPAuditItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         what = "dp-audit" if self.audit.world is None else f"two-world audit ({self.audit.world})"
-        what = "every-update audit" if self.audit.every_update else what
+        if self.audit.every_update:
+            what = "every-update audit"
+        elif self.audit.layer is not None:
+            what = f"layer audit ({self.audit.layer})"
         return self.path, None, f"{what} of {self.implementation_name}"
 
 

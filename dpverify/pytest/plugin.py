@@ -69,6 +69,7 @@ def _session(config: pytest.Config) -> AuditSession:
         implementations=options.resolve(config, "implementations"),
         worlds=options.resolve(config, "worlds"),
         every_update=options.resolve(config, "every-update"),
+        layers=options.resolve(config, "layers"),
         settings=_settings(options.resolve(config, "set")),
         strict=options.resolve(config, "strict"),
         timeout=options.resolve(config, "timeout"),
@@ -263,7 +264,12 @@ def _add_ready_made_audits(
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
         DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
-        for audit in gate_audits(infos, worlds=audit_session.worlds, every_update=audit_session.every_update)
+        for audit in gate_audits(
+            infos,
+            worlds=audit_session.worlds,
+            every_update=audit_session.every_update,
+            layers=audit_session.layers == "applicable",
+        )
     ]
     if named:
         unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]
