@@ -224,17 +224,17 @@ class AuditResult:
         return any(what == POWER_STEP for what, _ in self.auxiliary_failures)
 
     def _summary(self) -> str:
+        if self.not_run:
+            return (
+                f"{self.implementation}: verdict UNDECIDED ({self.design} design, {self.relation} relation, adversary "
+                f"saw: {self.observed}). Not run: {self.not_run}"
+            )
         if self.verdict == "undecided" and math.isnan(self.epsilon_lower_bound):  # refused before training
             return f"{self.implementation}: verdict UNDECIDED ({self.design} design, {self.relation} relation). {self.claim_derivation}"
         if self.verdict == "error":  # no claim, no bound: only what went wrong
             return (
                 f"{self.implementation}: verdict ERROR ({self.design} design, {self.relation} relation, m = {self.m}). "
                 f"The audit could not run: {self.error}"
-            )
-        if self.not_run:
-            return (
-                f"{self.implementation}: verdict UNDECIDED ({self.design} design, {self.relation} relation, adversary "
-                f"saw: {self.observed}). Not run: {self.not_run}"
             )
         head = (
             f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation, "

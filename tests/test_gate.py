@@ -57,7 +57,7 @@ def test_gate_audits_put_each_one_run_audit_before_its_every_update_audit_and_wo
         "dp-audit[row-8]",
         "every-update[row-8]",
     ]
-    assert [a.counted for a in audits] == [True] * 5 + [False] * 3
+    assert [a.counted for a in audits] == [True] * 6 + [False] * 5
     assert len({a.seed_key for a in audits}) == len(audits) and audits[0].seed_key == "mine"
     assert [a.test_name for a in gate_audits([PRIVATE], worlds="none")] == ["dp-audit[mine]", "every-update[mine]"]
     assert [a.test_name for a in gate_audits([PRIVATE], worlds="none", every_update=False)] == ["dp-audit[mine]"]
@@ -121,7 +121,7 @@ def test_pytest_collects_a_two_world_item_per_applicable_world_selectable_by_k_a
             "dp-audit::two-world[[]third-party-private-fixed_batch[]]",
             "dp-audit::two-world[[]third-party-private-realised_batch[]]",
             "dp-audit::two-world[[]third-party-private-worst_case_record[]]",
-            "*5 tests collected*",
+            "*6 tests collected*",
         ]
     )
     only_worlds = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only",
@@ -132,7 +132,7 @@ def test_pytest_collects_a_two_world_item_per_applicable_world_selectable_by_k_a
     every.stdout.fnmatch_lines(["dp-audit::every-update[[]third-party-private[]]", "*1/6 tests collected (5 deselected)*"])
     one = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only", "-q",
               "-k", "realised_batch")  # fmt: skip
-    one.stdout.fnmatch_lines(["dp-audit::two-world[[]third-party-private-realised_batch[]]", "*1/5 tests collected*"])
+    one.stdout.fnmatch_lines(["dp-audit::two-world[[]third-party-private-realised_batch[]]", "*1/6 tests collected*"])
     none = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--dp-audit-worlds=none",
                "--collect-only", "-q")  # fmt: skip
     none.stdout.fnmatch_lines(["*2 tests collected*"])
@@ -142,13 +142,13 @@ def test_an_every_update_audit_of_a_trainer_that_hands_nothing_over_is_counted_a
     report = tmp_path / "report.json"
     result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "-m", "dp_audit_every_update",
                  "-rs", f"--dp-audit-report={report}")  # fmt: skip
-    result.assert_outcomes(skipped=1, deselected=4)
+    result.assert_outcomes(skipped=1, deselected=5)
     result.stdout.fnmatch_lines(["*Not run: third-party-private: the trainer handed over no updates*"])
     data = json.loads(report.read_text())
     assert data["planned_audits"] == 1 and data["audits"][0]["observed"] == "every update"
     off = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--dp-audit-every-update=false",
               "--collect-only", "-q")  # fmt: skip
-    off.stdout.fnmatch_lines(["*4 tests collected*"])
+    off.stdout.fnmatch_lines(["*5 tests collected*"])
 
 
 def test_a_bad_worlds_option_is_a_usage_error_naming_it(project):
