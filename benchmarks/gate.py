@@ -23,10 +23,10 @@ from dpverify.audits import run_audit  # noqa: E402
 from dpverify.config import two_world_config  # noqa: E402
 from dpverify.gate import gate_audits  # noqa: E402
 from dpverify.registry import registered_implementations  # noqa: E402
-from dpverify.session import AuditSession, outcome_mark  # noqa: E402
+from dpverify.session import AuditSession  # noqa: E402
 from tests.third_party import NORMALISERS, ThirdPartyDPSGD  # noqa: E402
 
-from two_world import _range, _write, header  # noqa: E402
+from two_world import _range, _write, header, verdict_cells  # noqa: E402
 
 
 def main() -> None:
@@ -71,13 +71,9 @@ def main() -> None:
                     seed=session.audit_seed(audit.seed_key), confidence=confidence, device="cpu"
                 )
                 results.append(run_audit(implementation, config))
-            marks = [outcome_mark({"verdict": r.verdict, "expected": info.expected, "detectability": info.detectability}) for r in results]
             curve = [r.curve_epsilon_lower_bound or 0.0 for r in results]
             row = (
-                f"| {info.name} | {info.expected}{f' ({info.detectability})' if info.detectability else ''} | {audit.world} | "
-                f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | "
-                f"{sum(m != '!' for m in marks)} / {len(results)} | {_range([r.epsilon_lower_bound for r in results])} | "
-                f"{_range(curve)} | {results[0].claimed_epsilon:.3f} | "
+                verdict_cells(info, audit.world, results) + f"{_range(curve)} | {results[0].claimed_epsilon:.3f} | "
                 f"{np.mean([r.seconds / (2 * r.m) for r in results]):.4f} |"
             )
             print(row, flush=True)

@@ -82,6 +82,21 @@ def _range(values) -> str:
     return f"{min(values):.4g} – {max(values):.4g}"
 
 
+def verdict_cells(info, kind: str, results) -> str:
+    """A gate benchmark row's first cells: the implementation, what it is expected to do, the audit's
+    ``kind`` (world or layer), the violations and the outcomes as expected over the seeds' ``results``, and
+    the (ε, δ) test's ε_L (min – max)."""
+    from dpverify.session import outcome_mark
+
+    expected = {"verdict": None, "expected": info.expected, "detectability": info.detectability}
+    marks = [outcome_mark({**expected, "verdict": r.verdict}) for r in results]
+    return (
+        f"| {info.name} | {info.expected}{f' ({info.detectability})' if info.detectability else ''} | {kind} | "
+        f"{sum(r.verdict == 'violation' for r in results)} / {len(results)} | "
+        f"{sum(m != '!' for m in marks)} / {len(results)} | {_range([r.epsilon_lower_bound for r in results])} | "
+    )
+
+
 def _row(result: TwoWorldResult, note: str) -> str:
     b = result.bound
     claim_mu = "–" if result.claimed_mu is None else f"{result.claimed_mu:.3f}"

@@ -93,6 +93,21 @@ def _parser() -> argparse.ArgumentParser:
         "that applies to the implementation, see `dpverify list`), none, or comma-separated world names "
         "(default: applicable; none when --design is given)",
     )
+    audit.add_argument(
+        "--every-update",
+        choices=("on", "off"),
+        default=None,
+        help="the every-update audit run beside each classifier's one-run audit: its adversary sees the "
+        "parameters after every step and tests a claim at q < 1 at its own curve (default: on; off when "
+        "--design is given)",
+    )
+    audit.add_argument(
+        "--layers",
+        default=None,
+        choices=("applicable", "none"),
+        help="the layer-design audits run beside each one-run audit: applicable (each layer type the "
+        "implementation trains, see `dpverify list`) or none (default: applicable; none when --design is given)",
+    )
     audit.add_argument("--m", type=int, default=None, help="number of canaries (audit records of a data design), >= 1")
     audit.add_argument("--epochs", type=int, default=None, help=">= 1")
     audit.add_argument(
@@ -292,12 +307,13 @@ def _list(args: argparse.Namespace) -> int:
                 "breaks": info.breaks,
                 "issue": info.issue,
                 "two_world_worlds": list(applicable_worlds(info)),
+                "layers": list(info.layers),
             }
         )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("name", "task", "library", "version", "status", "expected", "two-world worlds", "what it breaks")
+    header = ("name", "task", "library", "version", "status", "expected", "two-world worlds", "layers", "what it breaks")
     table = [header] + [
         (
             row["name"],
@@ -307,6 +323,7 @@ def _list(args: argparse.Namespace) -> int:
             "available" if row["available"] else f"unavailable: {row['unavailable_reason']}",
             _expectation(row),
             ",".join(row["two_world_worlds"]) or "-",
+            ",".join(row["layers"]) or "-",
             row["breaks"] or "-",
         )
         for row in rows
@@ -329,7 +346,7 @@ def _expectation(row: dict[str, Any]) -> str:
 #: decides an audit. The others are this run's alone (what to audit, where the report goes, the comparison).
 FORWARDED_OPTIONS: tuple[tuple[str, str], ...] = (
     ("imports", "--import"), ("profile", "--profile"), ("epsilon", "--epsilon"), ("design", "--design"),
-    ("worlds", "--worlds"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
+    ("worlds", "--worlds"), ("every_update", "--every-update"), ("layers", "--layers"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
     ("confidence", "--confidence"), ("seed", "--seed"), ("device", "--device"), ("plots", "--plots"),
     ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"), ("jobs", "--jobs"),
 )  # fmt: skip
@@ -382,7 +399,11 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in chosen if impl.info.name not in delegated]
     if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
-    audits = gate_audits([impl.info for impl in chosen], worlds=_worlds(args))
+    # A run that asks for one design (--design) gets that design only: no worlds or layers unless asked.
+    layers = args.layers == "applicable" or (args.layers is None and args.design is None)
+    audits = gate_audits(
+        [impl.info for impl in chosen], worlds=_worlds(args), every_update=_every_update(args), layers=layers
+    )
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.
     counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)
@@ -566,28 +587,43 @@ def _worlds(args: argparse.Namespace) -> str | tuple[str, ...]:
     return text if text in ("applicable", "none") else tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+def _every_update(args: argparse.Namespace) -> bool:
+    """``--every-update``: on by default, off when ``--design`` asks for one design."""
+    return args.design is None if args.every_update is None else args.every_update == "on"
+
+
 def _nodeid(audit: Any) -> str:
     """What the report calls an audit run from the command line (``dpverify audit <name>``)."""
     return f"dpverify audit {_audit_name(audit)}"
 
 
 def _audit_name(audit: Any) -> str:
-    """An audit as the table and the progress lines name it: the implementation, and the world if any."""
+    """An audit as the table and the progress lines name it: the implementation, and the every-update audit,
+    the world or the layer if any."""
+    if audit.every_update:
+        return f"{audit.implementation_name} every-update"
+    if audit.layer is not None:
+        return f"{audit.implementation_name} layer {audit.layer}"
     return audit.implementation_name if audit.world is None else f"{audit.implementation_name} two-world {audit.world}"
 
 
 def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session: Any) -> list[tuple[Any, Any, Any]]:
     """``(gate audit, implementation, audit config)`` for every planned audit, all built (and so checked)
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
-    of audits. A two-world audit of the gate takes, of the settings, only those its world lets change."""
-    from dpverify.config import gate_world_config
+    of audits. A two-world, every-update or layer audit of the gate takes, of the settings, only those its
+    design lets change."""
+    from dpverify.config import every_update_config, gate_layer_config, gate_world_config
     from dpverify.registry import get_implementation
 
     plan = []
     for audit in audits:
         implementation = get_implementation(audit.implementation_name)
         try:
-            if audit.world is None:
+            if audit.every_update:
+                config = every_update_config(profile, overrides)
+            elif audit.layer is not None:
+                config = gate_layer_config(profile, audit.layer, overrides)
+            elif audit.world is None:
                 config = _config_for(implementation, profile, overrides)
             else:
                 config = gate_world_config(profile, audit.world, overrides)

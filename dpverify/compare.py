@@ -239,8 +239,10 @@ def _test(entry: dict[str, Any]) -> str:
 
 def match_key(entry: dict[str, Any]) -> tuple[str, str, str]:
     """What must be equal for two audits to be compared: implementation, test and configuration (without
-    :data:`RUN_FIELDS`)."""
-    config = {name: value for name, value in entry["config"].items() if name not in RUN_FIELDS}
+    :data:`RUN_FIELDS`). A report made before audits recorded what their adversary saw audited the final
+    model."""
+    config = {"observe": "final_model", **entry["config"]}
+    config = {name: value for name, value in config.items() if name not in RUN_FIELDS}
     return entry["implementation"], _test(entry), json.dumps(config, sort_keys=True, default=str)
 
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from dpverify._validation import check_choice, check_int, check_probability
 from dpverify.canaries.synthetic import CanaryConfig, check_dirac_room
-from dpverify.contract import DPHyperparameters, MLPArchitecture
+from dpverify.contract import LAYERS, DPHyperparameters, LayerArchitecture, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
 from dpverify.canaries.worlds import WORLD_KINDS, TwoWorldConfig
 from dpverify.stats.scoring import SCORE_KINDS, GuessRule
@@ -20,6 +20,9 @@ DATA_DESIGNS: tuple[str, ...] = ("multitask", "in_distribution", "mislabeled")
 SYNTHETIC_DESIGNS: tuple[str, ...] = ("inclusion", "pair")
 DESIGNS: tuple[str, ...] = SYNTHETIC_DESIGNS + DATA_DESIGNS + ("two_world",)
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+Observation = Literal["final_model", "every_update"]
+#: What an audit's adversary sees (design rule 16), and how the report says it.
+OBSERVATIONS: dict[str, str] = {"final_model": "final model", "every_update": "every update"}
 DESIGN_RELATION = {
     "inclusion": "add_remove",
     "pair": "replace_one",
@@ -52,6 +55,18 @@ class AuditConfig:
     O(1) audit with m real records (correctly or wrongly labelled) each included with probability ½,
     scored by the loss of their label (add/remove).
 
+    ``observe="every_update"`` gives the adversary every released update, not only the final model (what
+    the accountant's ε bounds): the trainer hands its parameters over after each step
+    (:attr:`~dpverify.contract.Request.observe_update`) and each Dirac canary is scored by the likelihood
+    ratio of its own Poisson-subsampled Gaussian steps (:mod:`dpverify.canaries.updates`), so a claim at
+    q < 1 is tested at its own curve rather than the final model's looser one. It needs the inclusion
+    design, Dirac canaries and softmax regression; the normaliser is designated as q·m (the members'
+    count is secret), and a trainer that hands nothing over gets the audit "not run" (undecided).
+
+    A :class:`~dpverify.contract.LayerArchitecture` (:func:`layer_config`) designates one layer that fast
+    clipping computes a per-record norm for by a formula of its own, with canaries that own that layer's
+    parameters (``dirac`` tokens for ``embedding``, ``owned_labels`` for ``linear_3d``).
+
     ``two_world`` trains the implementation ``worlds.runs`` times on each of two crafted neighbouring
     datasets (:class:`~dpverify.canaries.worlds.TwoWorldConfig`) with this config's model and training, and
     tests the scores of the runs (add/remove); it sees what one run cannot, e.g. a normaliser that reads
@@ -59,7 +74,7 @@ class AuditConfig:
     """
 
     canaries: CanaryConfig = field(default_factory=CanaryConfig)
-    architecture: MLPArchitecture = field(default_factory=MLPArchitecture)
+    architecture: MLPArchitecture | LayerArchitecture = field(default_factory=MLPArchitecture)
     hyperparameters: DPHyperparameters = field(default_factory=lambda: DPHyperparameters(target_epsilon=2.0))
     design: Design = "inclusion"
     score: str = "auto"
@@ -71,9 +86,13 @@ class AuditConfig:
     device: str = "auto"
     timeout: float | None = None
     pooled_runs: int = 1
+    observe: Observation = "final_model"
 
     def __post_init__(self) -> None:
         check_timeout(self.timeout)
+        check_choice("observe", self.observe, tuple(OBSERVATIONS))
+        if self.observe == "every_update":
+            self._check_every_update()
         check_int("pooled_runs", self.pooled_runs, low=1)
         if self.pooled_runs > 1 and self.design not in SYNTHETIC_DESIGNS:
             raise ValueError(
@@ -98,8 +117,24 @@ class AuditConfig:
                 "hidden_width=0 (softmax regression); set hidden_width >= 1 or take the design's profile "
                 f"with profile_config(..., design={self.design!r})"
             )
+        if isinstance(self.architecture, LayerArchitecture):
+            check_layer_canaries(self.architecture, self.canaries.mode, self.design)
         if self.is_data_dependent and self.score != "auto":
             raise ValueError(f"score must be 'auto' for the {self.design!r} design (its score is fixed), got {self.score!r}")
+
+    def _check_every_update(self) -> None:
+        needs = {
+            "design='inclusion'": self.design == "inclusion",
+            "mode='dirac'": self.canaries.mode == "dirac",
+            "hidden_width=0": self.architecture.is_softmax_regression,
+            "score='auto'": self.score == "auto",
+        }
+        missing = [setting for setting, holds in needs.items() if not holds]
+        if missing:
+            raise ValueError(
+                "observe='every_update' reads each Dirac canary's own column of a softmax regression in the "
+                f"inclusion design; set {', '.join(missing)}"
+            )
 
     @property
     def relation(self) -> str:
@@ -144,6 +179,8 @@ class AuditConfig:
 #: Flat names a user may set (marker keywords, CLI flags, Hypothesis strategies), and where each lives.
 CANARY_FIELDS = ("m", "dimension", "num_classes", "mode", "feature_scale")
 ARCHITECTURE_FIELDS = ("hidden_width",)
+#: Flat names of a layer design's architecture (:class:`~dpverify.contract.LayerArchitecture`).
+LAYER_FIELDS = ("positions",)
 HYPERPARAMETER_FIELDS = (
     "noise_multiplier",
     "max_grad_norm",
@@ -153,7 +190,7 @@ HYPERPARAMETER_FIELDS = (
     "delta",
     "expected_batch_size",
 )
-TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout", "pooled_runs")
+TOP_FIELDS = ("design", "score", "confidence", "seed", "device", "timeout", "pooled_runs", "observe")
 GUESS_FIELDS = ("guesses", "sides")
 #: ``m`` goes to ``data`` instead of ``canaries`` when the (resulting) design is data-dependent.
 DATA_FIELDS = (
@@ -171,6 +208,7 @@ WORLD_FIELDS = ("world", "runs", "records", "outputs")
 OVERRIDABLE = (
     CANARY_FIELDS
     + ARCHITECTURE_FIELDS
+    + LAYER_FIELDS
     + HYPERPARAMETER_FIELDS
     + TOP_FIELDS
     + GUESS_FIELDS
@@ -210,11 +248,40 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         canaries=dataclasses.replace(config.canaries, **canary_fields),
         data=dataclasses.replace(config.data, **data_fields),
         worlds=dataclasses.replace(config.worlds, **pick(WORLD_FIELDS)),
-        architecture=dataclasses.replace(config.architecture, **pick(ARCHITECTURE_FIELDS)),
+        architecture=override_architecture(config.architecture, overrides),
         hyperparameters=override_hyperparameters(config.hyperparameters, overrides),
         guess_rule=override_guess_rule(config.guess_rule, overrides),
         **top_fields,
     )
+
+
+def override_architecture(
+    architecture: MLPArchitecture | LayerArchitecture, overrides: dict[str, Any]
+) -> MLPArchitecture | LayerArchitecture:
+    """``architecture`` with its flat fields in ``overrides``; a field of the other kind is a ``ValueError``."""
+    own, other = (LAYER_FIELDS, ARCHITECTURE_FIELDS)
+    if isinstance(architecture, MLPArchitecture):
+        own, other = other, own
+    wrong = sorted(k for k in other if k in overrides)
+    if wrong:
+        raise ValueError(
+            f"{', '.join(wrong)} do(es) not apply to the designated {type(architecture).__name__}; it takes "
+            f"{', '.join(own)}"
+        )
+    return dataclasses.replace(architecture, **{k: overrides[k] for k in own if k in overrides})
+
+
+def check_layer_canaries(architecture: LayerArchitecture, mode: str, design: str) -> None:
+    """A layer design needs synthetic canaries that own its layer's parameters: ``dirac`` tokens own their
+    embedding row; ``owned_labels`` own their rows of a linear layer and its bias coordinates."""
+    if design not in SYNTHETIC_DESIGNS:
+        raise ValueError(f"a layer design takes the synthetic designs {SYNTHETIC_DESIGNS}, got design={design!r}")
+    needed = LAYER_CANARY_MODES[architecture.layer]
+    if mode != needed:
+        raise ValueError(
+            f"the {architecture.layer!r} layer design needs canaries of mode {needed!r} (each owns its own "
+            f"parameters of the layer), got mode={mode!r}"
+        )
 
 
 def check_timeout(timeout: Any) -> None:
@@ -345,6 +412,70 @@ def profile_config(name: str, **overrides: Any) -> AuditConfig:
     return apply_overrides((MLP_PROFILES if needs_mlp else PROFILES)[name], overrides)
 
 
+#: The canary mode whose canaries own a layer's parameters (:func:`check_layer_canaries`).
+LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_norm": "owned_labels"}
+#: What the default gate designates in each layer design at the quick profile, fixed before any audit ran:
+#: the Dirac quick profile's training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions, so
+#: that a formula that takes the positions as separate rows states too little by √16 = 4 for the embedding
+#: and by 2.8 for the linear layer (T = 9 and an input of 0.125, whose weight's share of the norm the bias
+#: formula does not touch; benchmarks/layer_sim.py). ``embedding``: 4 runs of 1000 Dirac tokens, 10 classes;
+#: ``linear_3d``: 8 runs of 500 canaries, each owning 2 of its run's 1000 labels, one input feature (its cost
+#: grows with a run's canaries times its labels times T, so its runs and T are smaller); ``layer_norm``: as
+#: ``linear_3d``, its input the run's 1000 labels wide (:func:`layer_config` sets the dimension), each canary's
+#: feature on its label's coordinate, T = 4, so that a formula that averages the positions states 4 times too
+#: little. Its normalised feature is √1000 ≈ 32 on the label's coordinate, so a clipped step moves the
+#: canary's logit T·32 times lr·C/N: lr 1/8 keeps that at 0.016 a step, as the other designs' (the Dirac
+#: profile's lr 2 moved it 0.57 a step, out of the linear regime: ρ 0.79 instead of 1.02, seed 1).
+LAYER_SETTINGS: dict[str, dict[str, Any]] = {
+    "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
+    "linear_3d": dict(
+        m=4000, pooled_runs=8, positions=9, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.125
+    ),
+    "layer_norm": dict(
+        m=4000, pooled_runs=8, positions=4, num_classes=2, mode="owned_labels", feature_scale=1.0, learning_rate=0.125
+    ),
+}
+#: Each profile's canaries of a layer design, as a multiple of the quick setting's (more pooled runs).
+LAYER_RUNS_SCALE: dict[str, int] = {"quick": 1, "standard": 10, "gpu": 10, "mlp": 1, "paper": 10}
+
+
+def layer_config(profile: str, layer: str, **overrides: Any) -> AuditConfig:
+    """The default gate's audit of the ``layer`` design at ``profile``: the profile's Dirac training with
+    the layer's :class:`~dpverify.contract.LayerArchitecture` and canaries (:data:`LAYER_SETTINGS`, pooled
+    runs scaled by :data:`LAYER_RUNS_SCALE`), then ``overrides`` (:func:`apply_overrides`)."""
+    check_choice("profile", profile, PROFILE_NAMES)
+    check_choice("layer", layer, LAYERS)
+    setting = dict(LAYER_SETTINGS[layer])
+    scale = LAYER_RUNS_SCALE[profile]
+    setting.update(m=setting["m"] * scale, pooled_runs=setting["pooled_runs"] * scale)
+    quick = PROFILES["quick"]
+    canaries = dataclasses.replace(quick.canaries, mode=LAYER_CANARY_MODES[layer])
+    base = dataclasses.replace(quick, architecture=LayerArchitecture(layer=layer), canaries=canaries)
+    if profile != "quick":
+        base = dataclasses.replace(base, timeout=PROFILES[profile].timeout)
+    config = apply_overrides(base, {**setting, **overrides})
+    if layer != "layer_norm":
+        return config
+    # The LayerNorm's input is as wide as its run's labels: every run needs the same number of canaries.
+    if len(set(config.canaries_per_run)) != 1:
+        raise ValueError(
+            f"the layer_norm design needs as many canaries in every pooled run (its input is as wide as a run's "
+            f"labels), so m must be a multiple of pooled_runs, got m={config.canaries.m}, pooled_runs={config.pooled_runs}"
+        )
+    return config.with_overrides(dimension=config.canaries_per_run[0] * config.canaries.num_classes)
+
+
+#: The settings a session may change in the default gate's layer audits; the rest is the layer's design (a
+#: session's m or ε are the one-run audit's; a layer design's canaries, runs and claim are fixed with it).
+LAYER_GATE_SETTINGS: tuple[str, ...] = ("device", "timeout")
+
+
+def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> AuditConfig:
+    """:func:`layer_config` with those of a run's ``settings`` (meant for every audit: ``--set``,
+    ``--dp-audit-set``) that a gate layer audit takes (:data:`LAYER_GATE_SETTINGS`)."""
+    return layer_config(profile, layer, **{k: v for k, v in settings.items() if k in LAYER_GATE_SETTINGS})
+
+
 #: What the default gate designates in each two-world world at the quick profile, fixed before any audit
 #: ran: zero-initialised softmax regression, clip norm 1, and σ, q and steps chosen so that the bug class
 #: the world targets separates the worlds within a few hundred runs, where a correct implementation's
@@ -392,6 +523,35 @@ def gate_world_config(profile: str, world: str, settings: dict[str, Any]) -> Aud
     """:func:`two_world_config` with those of a run's ``settings`` (meant for every audit: ``--set``,
     ``--dp-audit-set``) that a gate world takes; the others are the one-run audits'."""
     return two_world_config(profile, world, **{k: v for k, v in settings.items() if k in TWO_WORLD_GATE_SETTINGS})
+
+
+#: What the default gate's every-update audit designates, fixed before the gate's audits ran (sized in
+#: simulation): Dirac canaries in runs of 2500 (the profile's clip norm and learning rate; the quick
+#: profile's for the MLP profiles) seen at every step of 8 epochs at q = 0.1 and σ = 1, so that the claim's
+#: own subsampled curve is tested: at the quick profile's 16 runs, simulated audits of a claim of 1 step in
+#: 4, of a q four times too small and of half the noise were refuted in 20 of 20, a correct claim in 0 of
+#: 20 (benchmarks/results/every-update-dirac.md; 4 epochs left 1 step in 4 at p ≈ 1e-3 to 5e-5).
+#: Guesses on the members' side only, at three counts: a subsampled Gaussian's privacy loss is lopsided
+#: (a member's sampled steps show, a non-member has nothing to show), and the separation lives in the
+#: top 2–10 % of the scores.
+EVERY_UPDATE_SETTING: dict[str, Any] = dict(
+    observe="every_update", noise_multiplier=1.0, sampling_rate=0.1, epochs=8, guesses=(0.02, 0.05, 0.1), sides="one"
+)
+#: Each profile's pooled runs of 2500 canaries in the every-update audit.
+EVERY_UPDATE_RUNS: dict[str, int] = {"quick": 16, "standard": 64, "gpu": 64, "mlp": 16, "paper": 64}
+#: The settings a session may change in the default gate's every-update audit; the rest is its design.
+EVERY_UPDATE_GATE_SETTINGS: tuple[str, ...] = ("m", "pooled_runs", "device", "timeout")
+
+
+def every_update_config(profile: str, settings: dict[str, Any]) -> AuditConfig:
+    """The default gate's every-update audit at ``profile`` (:data:`EVERY_UPDATE_SETTING`, :data:`EVERY_UPDATE_RUNS`),
+    with those of a run's ``settings`` (``--set``, ``--dp-audit-set``) among :data:`EVERY_UPDATE_GATE_SETTINGS`;
+    the others are the one-run audits'. It designates σ rather than a target ε, as the two-world worlds do."""
+    check_choice("profile", profile, PROFILE_NAMES)
+    base = PROFILES[profile] if PROFILES[profile].canaries.mode == "dirac" else PROFILES["quick"]
+    runs = EVERY_UPDATE_RUNS[profile]
+    chosen = {k: v for k, v in settings.items() if k in EVERY_UPDATE_GATE_SETTINGS}
+    return apply_overrides(base, {**EVERY_UPDATE_SETTING, "m": 2500 * runs, "pooled_runs": runs, **chosen})
 
 
 def parse_settings(pairs: Any) -> dict[str, Any]:

@@ -89,6 +89,46 @@ class TransformerArchitecture:
             raise ValueError(f"width must be a multiple of heads, got width={self.width}, heads={self.heads}")
 
 
+Layer = Literal["embedding", "linear_3d", "layer_norm"]
+#: The layer types a :class:`LayerArchitecture` designates, each a per-layer norm formula of fast clipping.
+LAYERS: tuple[str, ...] = ("embedding", "linear_3d", "layer_norm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerArchitecture:
+    """The designated model of a layer design: one ``layer`` that the libraries' fast (ghost) clipping
+    computes per-record norms for by a formula of its own, on a sequence, zero-initialised.
+
+    A record x (a row of d features) is lifted to a sequence of ``positions`` equal positions, the layer
+    maps each position to C outputs, and the logits are the outputs summed over the positions:
+
+    - ``embedding``: the position's token is x's largest coordinate (Dirac features: canary j is token j);
+      ``Embedding(d, C)``. Canary j alone moves row j, by ``positions`` times one position's gradient.
+    - ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) sequence. With owned labels
+      (:mod:`dpverify.canaries.synthetic`, mode ``owned_labels``) canary j alone moves its label's row of
+      the weight and its coordinate of the bias, whose gradient sums over the positions (Opacus #751).
+    - ``layer_norm``: ``LayerNorm(d)`` with its affine weight and bias on the (n, positions, d) sequence, d = C
+      (its outputs are the logits). With owned labels whose feature sits on the label's coordinate, canary j
+      alone moves its label's coordinates of the weight and the bias.
+
+    Zero weights make every gradient first order from the first step. A norm formula that takes a record's
+    positions as separate rows (squared norms summed, not the gradient summed first) states √positions
+    times too little, so the record is clipped √positions times too weakly: a noise deficit the audit's
+    curve test sees."""
+
+    layer: Layer = "embedding"
+    positions: int = 16
+
+    def __post_init__(self) -> None:
+        check_choice("layer", self.layer, LAYERS)
+        check_int("positions", self.positions, low=1)
+
+    @property
+    def is_softmax_regression(self) -> bool:
+        """A layer design is not the softmax regression of :class:`MLPArchitecture` (its model differs)."""
+        return False
+
+
 @dataclass(frozen=True, kw_only=True)
 class DPHyperparameters:
     """DP-SGD hyperparameters as the auditor designates them.
@@ -217,7 +257,7 @@ class TrainingRequest(Request):
     features: np.ndarray
     labels: np.ndarray
     num_classes: int
-    architecture: MLPArchitecture = field(default_factory=MLPArchitecture)
+    architecture: MLPArchitecture | LayerArchitecture = field(default_factory=MLPArchitecture)
     tags: np.ndarray | None = None
     num_tags: int = 0
     tag_weight: float = 1.0
@@ -424,7 +464,9 @@ class ImplementationInfo:
     the public normaliser the auditor designates (:attr:`DPHyperparameters.expected_batch_size`) on datasets
     of any size; an API whose batch size is both its normaliser and, over the dataset's size, its sampling
     rate (JAX-Privacy's Keras API) cannot, so the two-world worlds, which designate one normaliser for two
-    datasets of different sizes, do not apply to it.
+    datasets of different sizes, do not apply to it. ``layers`` names the layer designs
+    (:data:`LAYERS`, a :class:`LayerArchitecture` each) it trains, so that the default gate audits them too;
+    a buggy variant with ``layers`` breaks those layers' norm formula, and only their designs audit it.
     """
 
     name: str
@@ -440,6 +482,7 @@ class ImplementationInfo:
     notes: str = ""
     microbatches: bool = False
     designated_normaliser: bool = True
+    layers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
@@ -453,6 +496,8 @@ class ImplementationInfo:
                 raise ValueError(f"buggy variant {self.name!r} must state the rule it breaks and its detectability")
         if self.detectability is not None:
             check_choice("detectability", self.detectability, DETECTABILITY_CLASSES)
+        for layer in self.layers:
+            check_choice("layers", layer, LAYERS)
 
 
 class Implementation(abc.ABC):

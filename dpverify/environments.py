@@ -188,6 +188,8 @@ def plan_entry(audit: Any, implementation: Any, config: Any, *, nodeid: str) -> 
         "nodeid": nodeid,
         "implementation": audit.implementation_name,
         "world": audit.world,
+        "every_update": audit.every_update,
+        "layer": audit.layer,
         "counted": audit.counted,
         "available": reason is None,
         "unavailable_reason": reason,

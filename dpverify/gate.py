@@ -1,6 +1,10 @@
-"""What the default gate audits: every implementation's one-run audit, and the two-world audits of the
-crafted worlds that apply to it, so that the bugs libraries ship (a normaliser that reads the data,
-microbatches, reused noise), which only many runs show, are found without any option.
+"""What the default gate audits: every implementation's one-run audit, its every-update audit at q < 1
+(the adversary of every released update, whom the accountant's ε bounds: a wrong q, a miscounted step or
+a mis-stated accountant at q < 1 shows there), the two-world audits of the crafted worlds that apply to it,
+so that the bugs libraries ship (a normaliser that reads the data, microbatches, reused noise, shuffled
+fixed-size batches), which only many runs show, are found without any option, and the layer designs it
+trains (:class:`~dpverify.contract.LayerArchitecture`), so that a fast-clipping norm formula that
+undercounts one layer type shows.
 
 Framework-free: the pytest plugin and the command line plan their audits here.
 """
@@ -12,7 +16,11 @@ from dataclasses import dataclass
 from dpverify.canaries.worlds import BATCH_SIZE_NORMALISED, WORLD_BUGS, WORLD_KINDS
 from dpverify.contract import ImplementationInfo
 
-__all__ = ["GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "gate_audits"]
+__all__ = ["EVERY_UPDATE_BUGS", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
+
+#: The bugs.md rows whose buggy variants get the every-update audit: the accountant fed the wrong numbers
+#: (too few steps, too small q), which at q < 1 only the claim's own subsampled curve shows.
+EVERY_UPDATE_BUGS: tuple[int, ...] = (8,)
 
 #: ``--dp-audit-worlds`` / ``--worlds`` words besides world names: every world that applies, or none.
 WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
@@ -36,18 +44,34 @@ def applicable_worlds(info: ImplementationInfo) -> tuple[str, ...]:
     return worlds
 
 
+def every_update_applies(info: ImplementationInfo) -> bool:
+    """Whether the gate gives an implementation the every-update audit: a classifier expected private or
+    with a known issue, or a buggy variant of a row in :data:`EVERY_UPDATE_BUGS`."""
+    if info.task != "classification":
+        return False
+    return info.expected != "violation" or info.bug in EVERY_UPDATE_BUGS
+
+
 @dataclass(frozen=True)
 class GateAudit:
-    """One audit of the gate: an implementation's one-run audit (``world`` ``None``) or its two-world audit
-    of ``world``."""
+    """One audit of the gate: an implementation's one-run audit (``world`` and ``layer`` ``None``), its
+    every-update audit (``every_update``), its two-world audit of ``world``, or its one-run audit of the
+    ``layer`` design."""
 
     implementation_name: str
     expected: str
     world: str | None = None
+    every_update: bool = False
+    layer: str | None = None
 
     @property
     def test_name(self) -> str:
-        """``dp-audit[<name>]`` or ``two-world[<name>-<world>]``: the pytest item's name."""
+        """``dp-audit[<name>]``, ``every-update[<name>]``, ``two-world[<name>-<world>]`` or
+        ``layer[<name>-<layer>]``: the pytest item's name."""
+        if self.every_update:
+            return f"every-update[{self.implementation_name}]"
+        if self.layer is not None:
+            return f"layer[{self.implementation_name}-{self.layer}]"
         if self.world is None:
             return f"dp-audit[{self.implementation_name}]"
         return f"two-world[{self.implementation_name}-{self.world}]"
@@ -55,8 +79,9 @@ class GateAudit:
     @property
     def seed_key(self) -> str:
         """The one-run audit keeps the name alone as its key, so one seed means one audit in pytest and in
-        ``dpverify audit --seed``; a world adds its own."""
-        return self.implementation_name if self.world is None else f"{self.implementation_name}#{self.world}"
+        ``dpverify audit --seed``; the every-update audit, a world or a layer adds its own."""
+        extra = "every_update" if self.every_update else self.world or self.layer
+        return self.implementation_name if extra is None else f"{self.implementation_name}#{extra}"
 
     @property
     def counted(self) -> bool:
@@ -65,9 +90,19 @@ class GateAudit:
         return self.expected == "private"
 
 
-def gate_audits(infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...] = "applicable") -> list[GateAudit]:
-    """The gate's audits of ``infos``, each one-run audit followed by its two-world audits: ``worlds`` is
-    ``"applicable"`` (every world that applies), ``"none"`` or world names (those of them that apply)."""
+def gate_audits(
+    infos: list[ImplementationInfo],
+    *,
+    worlds: str | tuple[str, ...] = "applicable",
+    every_update: bool = True,
+    layers: bool = True,
+) -> list[GateAudit]:
+    """The gate's audits of ``infos``, each one-run audit followed by its every-update audit (where
+    ``every_update`` and :func:`every_update_applies`), its two-world audits and its layer designs' audits
+    (:attr:`~dpverify.contract.ImplementationInfo.layers`): ``worlds`` is ``"applicable"`` (every world that
+    applies), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves the layer designs
+    out (a run that asks for one design). A buggy variant that breaks a layer's norm formula gets its layers'
+    audits only: the other designs cannot see it."""
     if isinstance(worlds, str) and worlds not in WORLD_CHOICE_WORDS:
         raise ValueError(f"worlds must be one of {', '.join(WORLD_CHOICE_WORDS)} or world names, got {worlds!r}")
     if not isinstance(worlds, str):
@@ -76,9 +111,16 @@ def gate_audits(infos: list[ImplementationInfo], *, worlds: str | tuple[str, ...
             raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(WORLD_KINDS)}")
     audits = []
     for info in infos:
+        own_layers = [GateAudit(info.name, info.expected, layer=layer) for layer in info.layers]
+        if info.layers and info.expected == "violation":
+            audits.extend(own_layers if layers else [])
+            continue
         audits.append(GateAudit(info.name, info.expected))
+        if every_update and every_update_applies(info):
+            audits.append(GateAudit(info.name, info.expected, every_update=True))
         chosen = () if worlds == "none" else applicable_worlds(info)
         if not isinstance(worlds, str):
             chosen = tuple(world for world in chosen if world in worlds)
         audits.extend(GateAudit(info.name, info.expected, world) for world in chosen)
+        audits.extend(own_layers if layers else [])
     return audits

@@ -76,10 +76,11 @@ class AuditResult:
 
     ``threshold`` (two-world design only) is where the (ε, δ) test split the runs' scores.
 
-    ``observation`` is what the audit's adversary saw: ``"final model"`` (the black box after training) or
-    ``"every update"`` (each released step, :attr:`~dpverify.contract.Request.observe_update`), the adversary
-    a DP-SGD accountant's ε bounds. ``not_run`` says why an every-update audit did not run (its trainer
-    hands over no updates); its verdict is then ``undecided``, never a pass.
+    ``observed`` is what the audit's adversary saw (design rule 16): ``"final model"`` (the black box
+    after training) or ``"every update"`` (the parameters after every step,
+    :attr:`~dpverify.contract.Request.observe_update`), the adversary a DP-SGD accountant's ε bounds.
+    ``not_run`` says why an audit whose adversary needs what the trainer did not hand over did not run: its
+    verdict is then ``undecided``, never a pass.
 
     ``auxiliary_failures``: what failed after the verdict was decided, as ``(what, error)`` pairs (power,
     the claim check, plots, the report entry); the verdict stands beside them, except that a pass whose
@@ -120,11 +121,11 @@ class AuditResult:
     test_accuracy: float | None = None
     power: AuditPower | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    observed: str = "final model"
+    not_run: str | None = None
     scores: np.ndarray | None = field(default=None, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
     bound_by_guesses: tuple[tuple[int, int, float], ...] = field(default=(), repr=False)
-    observation: str = "final model"
-    not_run: str | None = None
     auxiliary_failures: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self, *, include_scores: bool = False) -> dict[str, Any]:
@@ -140,6 +141,8 @@ class AuditResult:
             "detectability": self.detectability,
             "design": self.design,
             "relation": self.relation,
+            "observed": self.observed,
+            "not_run": self.not_run,
             "claimed_epsilon": _json_float(self.claimed_epsilon),
             "library_epsilon": _json_float(self.library_epsilon),
             "claim_derivation": self.claim_derivation,
@@ -170,8 +173,6 @@ class AuditResult:
             "power": None if self.power is None else self.power.to_dict(),
             "config": self.config,
             "bound_by_guesses": [list(row) for row in self.bound_by_guesses],
-            "observation": self.observation,
-            "not_run": self.not_run,
             "auxiliary_failures": [{"what": what, "error": error} for what, error in self.auxiliary_failures],
         }
         out["infinite"] = [name for name in _NUMBER_FIELDS if _is_infinite(getattr(self, name))]
@@ -223,6 +224,11 @@ class AuditResult:
         return any(what == POWER_STEP for what, _ in self.auxiliary_failures)
 
     def _summary(self) -> str:
+        if self.not_run:
+            return (
+                f"{self.implementation}: verdict UNDECIDED ({self.design} design, {self.relation} relation, adversary "
+                f"saw: {self.observed}). Not run: {self.not_run}"
+            )
         if self.verdict == "undecided" and math.isnan(self.epsilon_lower_bound):  # refused before training
             return f"{self.implementation}: verdict UNDECIDED ({self.design} design, {self.relation} relation). {self.claim_derivation}"
         if self.verdict == "error":  # no claim, no bound: only what went wrong
@@ -231,7 +237,8 @@ class AuditResult:
                 f"The audit could not run: {self.error}"
             )
         head = (
-            f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation). "
+            f"{self.implementation}: verdict {self.verdict.upper()} ({self.design} design, {self.relation} relation, "
+            f"adversary saw: {self.observed}). "
             f"Claimed ε = {self.claimed_epsilon:.4g} at δ = {self.delta:g}; "
             f"audit lower bound ε_L = {self.epsilon_lower_bound:.4g} at {self.confidence:.4%} confidence "
             f"({self.correct} of {self.guesses} {self._counted}, {self.estimator} bound); "
@@ -259,8 +266,6 @@ class AuditResult:
                 "gradient, adds N(0, σ²C²) noise to the clipped sum once per step, samples batches the way "
                 "the accountant assumes, and that the accountant is given the σ, q and step count actually used."
             )
-        if self.not_run:
-            return head + f" Not run: {self.not_run}."
         if self.verdict == "undecided" and self.blind:
             return head + f" The audit could not see: {self.blind}."
         if self.verdict == "undecided" and self.canaries_needed is None and self.power_failed:
@@ -288,7 +293,9 @@ class AuditResult:
                 )
             return ""
         deficit = (
-            f"none up to {LARGEST_DEFICIT:g}×"
+            "not stated (no validated model of this design's scores under a deficit)"
+            if power.smallest_deficit is None
+            else f"none up to {LARGEST_DEFICIT:g}×"
             if math.isinf(power.smallest_deficit)
             else f"k ≥ {deficit_text(power.smallest_deficit)}"
         )
@@ -301,6 +308,8 @@ class AuditResult:
     def _headline(self) -> str:
         if self.verdict == "error":
             return f"error: {(self.error or '').splitlines()[0]}"
+        if self.not_run:
+            return f"undecided: not run: {self.not_run}"
         tests = f"ε_L = {self.epsilon_lower_bound:.3f} (ε, δ test)"
         if self.curve_epsilon_lower_bound is not None:
             p = "" if self.curve_p_value is None else f", p = {self.curve_p_value:.2g}"
@@ -320,7 +329,7 @@ class AuditResult:
     @property
     def outcome(self) -> str:
         """The verdict with what a pass could catch: "pass (would catch a k ≥ 1.6 noise deficit)"."""
-        if self.verdict == "pass" and self.power is not None and math.isfinite(self.power.smallest_deficit):
+        if self.verdict == "pass" and self.power is not None and math.isfinite(self.power.smallest_deficit or math.inf):
             return f"pass (would catch a k ≥ {deficit_text(self.power.smallest_deficit)} noise deficit)"
         return self.verdict
 

@@ -85,6 +85,10 @@ class AuditSession:
     settings: dict[str, Any] = field(default_factory=dict)
     #: The default gate's two-world audits: ``"applicable"``, ``"none"`` or world names (:mod:`dpverify.gate`).
     worlds: str | tuple[str, ...] = "applicable"
+    #: Whether the default gate runs each classifier's every-update audit (:mod:`dpverify.gate`).
+    every_update: bool = True
+    #: The default gate's layer-design audits: ``"applicable"`` or ``"none"`` (:mod:`dpverify.gate`).
+    layers: str = "applicable"
     strict: bool = False
     timeout: float | None = None
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
@@ -356,12 +360,16 @@ def outcome_as_expected(result: dict[str, Any]) -> bool:
 
 
 def _design(result: dict[str, Any]) -> str:
-    """The design, with its world for a two-world audit (``two_world:dataset_size``), and ``@updates`` where
-    the adversary saw every released update rather than the final model."""
+    """The design, with its world for a two-world audit (``two_world:dataset_size``), its layer for a layer
+    design (``inclusion:embedding``), and ``@updates`` where the adversary saw every released update rather
+    than the final model."""
     design = result["design"]
     if design == "two_world":
         design = f"two_world:{(result.get('config') or {}).get('worlds', {}).get('world', '?')}"
-    return f"{design}@updates" if result.get("observation") == "every update" else design
+    layer = ((result.get("config") or {}).get("architecture") or {}).get("layer")
+    if layer is not None:
+        design = f"{design}:{layer}"
+    return f"{design}@updates" if result.get("observed") == "every update" else design
 
 
 def _counted_cell(result: dict[str, Any]) -> str:
@@ -372,12 +380,15 @@ def _counted_cell(result: dict[str, Any]) -> str:
 
 
 def _power_cells(result: dict[str, Any]) -> tuple[str, str]:
-    """(ρ, k*) of a report entry: k* rounded up to 0.1, "none" beyond 10×, "n/a" without a power measure."""
+    """(ρ, k*) of a report entry: k* rounded up to 0.1, "none" beyond 10×, "not stated" where the design has
+    no validated model for it, "n/a" without a power measure."""
     power = result.get("power")
     if power is None:
         return "-", "n/a" if result["design"] == "two_world" and result["verdict"] != "error" else "-"
     rho = "-" if power["signal_fraction"] is None else f"{power['signal_fraction']:.2f}"
     deficit = power["smallest_deficit"]
+    if not power.get("deficit_stated", True):
+        return rho, "not stated"
     return rho, "none" if deficit is None else deficit_text(deficit)
 
 

@@ -5,7 +5,8 @@ Everything a torch DP-SGD implementation needs to honour the contract the same w
 - :func:`seeds_for` / :func:`seed_everything`: one request seed decides model init, sampling and noise;
 - :func:`resolve_device`: ``"cuda"`` when asked for and available, else ``"cpu"`` (report the result);
 - :func:`build_mlp`: the designated ``d -> hidden_width -> C`` ReLU network, seeded default init (with a
-  separate tag head, :class:`MultiTaskMLP`, when the request carries tags);
+  separate tag head, :class:`MultiTaskMLP`, when the request carries tags), or a layer design's
+  :class:`LayerModel`;
 - :func:`as_tensors` and :func:`training_criterion`: the request's inputs, targets and loss;
 - :func:`poisson_batches`: exactly ``steps`` Poisson-sampled batches of record indices;
 - :func:`fast_math`: flush denormals to zero during training only;
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpverify.contract import TrainingRequest
+from dpverify.contract import LayerArchitecture, TrainingRequest
 from dpverify.seeds import Seeds, seeds_for  # noqa: F401  (part of this module's helpers, see __all__)
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "denormals_flushed",
     "build_mlp",
     "MultiTaskMLP",
+    "LayerModel",
     "MultiTaskLoss",
     "training_criterion",
     "poisson_batches",
@@ -157,6 +159,41 @@ class MultiTaskMLP(nn.Module):
         return torch.cat([self.main_head(hidden), self.tag_head(hidden)], dim=-1)
 
 
+class LayerModel(nn.Module):
+    """A layer design's model (:class:`~dpverify.contract.LayerArchitecture`): each record lifted to a
+    sequence of ``positions`` equal positions, one zero-initialised layer on the sequence, the outputs summed
+    over the positions. ``embedding``: the token is the record's largest feature, ``Embedding(d, C)``;
+    ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) input; ``layer_norm``: ``LayerNorm(d)``
+    with its affine weight and bias on it (d = C)."""
+
+    def __init__(self, dimension: int, num_classes: int, *, layer: str, positions: int) -> None:
+        super().__init__()
+        self.positions = positions
+        if layer == "embedding":
+            self.layer: nn.Module = nn.Embedding(dimension, num_classes)
+        elif layer == "linear_3d":
+            self.layer = nn.Linear(dimension, num_classes)
+        elif layer == "layer_norm":
+            if dimension != num_classes:
+                raise ValueError(
+                    f"the layer_norm design's outputs are its inputs' normalised coordinates, so the features' "
+                    f"dimension must equal num_classes, got dimension={dimension}, num_classes={num_classes}"
+                )
+            self.layer = nn.LayerNorm(dimension)
+        else:
+            raise ValueError(f"layer must be 'embedding', 'linear_3d' or 'layer_norm', got {layer!r}")
+        if getattr(self.layer, "bias", None) is not None:
+            nn.init.zeros_(self.layer.bias)
+        nn.init.zeros_(self.layer.weight)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.layer, nn.Embedding):
+            sequence = features.argmax(dim=-1, keepdim=True).repeat(1, self.positions)  # Opacus views it flat
+        else:
+            sequence = features.unsqueeze(1).expand(-1, self.positions, -1)
+        return self.layer(sequence).sum(dim=1)
+
+
 class MultiTaskLoss(nn.Module):
     """Per record ``CE(main, y) + tag_weight · mean_h CE(tag head, e_h)`` over the tags the record carries
     (targets ``(n, 1 + H)``: the label, then H tags, −1 = no tag; 0 tag loss for an untagged record).
@@ -195,14 +232,20 @@ def build_mlp(
 
     Without tags: ``Linear, ReLU, Linear`` in an ``nn.Sequential``; parameters in order W1, b1, W2, b2.
     Softmax regression (``hidden_width=0``): ``Sequential(Linear(d, C))``, weight and bias zero.
-    With tags: a :class:`MultiTaskMLP` (encoder, main head, tag head, initialised in that order)."""
+    With tags: a :class:`MultiTaskMLP` (encoder, main head, tag head, initialised in that order).
+    A :class:`~dpverify.contract.LayerArchitecture`: its :class:`LayerModel`, zero-initialised."""
     if seed is None:
         seed = seeds_for(request.seed).init
     # nn.Linear initialises from the global generator: fork it so the caller's RNG state is left alone.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if request.num_tags:
-            model: nn.Module = MultiTaskMLP(
+        architecture = request.architecture
+        if isinstance(architecture, LayerArchitecture):
+            model: nn.Module = LayerModel(
+                request.dimension, request.num_classes, layer=architecture.layer, positions=architecture.positions
+            )
+        elif request.num_tags:
+            model = MultiTaskMLP(
                 request.dimension, request.architecture.hidden_width, request.num_classes, request.num_tags
             )
         elif request.architecture.is_softmax_regression:

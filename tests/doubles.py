@@ -3,7 +3,9 @@
 ``Memoriser`` is the least private trainer possible: it returns near-certain log-probabilities for the
 labels it was given. ``Oblivious`` never looks at its data, so it is perfectly private whatever it claims.
 ``NumpyDPSGD`` is a small, correct DP-SGD of the designated model for the conformance suite, with the
-switches that make it a trainer of its own model or of softmax regression only.
+switches that make it a trainer of its own model or of softmax regression only. ``dirac_scores`` draws the
+scores DP-SGD gives Dirac canaries, and ``one_run_refutes`` is the one-run audit's decision on them: what
+k* promises is checked against them, not against k*'s own model.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from dpverify.contract import (
     TrainingRequest,
     hand_over_kernels,
 )
-from dpverify.stats.curves import ClaimedRun
+from dpverify.stats.bounds import steinke_refutes
+from dpverify.stats.curves import ClaimedRun, curve_refutes
+from dpverify.stats.scoring import GuessRule, correct_counts
 
 
 def claim_for(request: TrainingRequest, epsilon: float) -> PrivacyClaim:
@@ -50,6 +54,30 @@ def _calibrated_sigma(epsilon: float, *, steps: int, delta: float) -> float:
         return ClaimedRun(noise_multiplier=math.exp(log_sigma), steps=steps).epsilon(delta) - epsilon
 
     return math.exp(optimize.brentq(excess, math.log(1e-3), math.log(1e6), xtol=1e-10)) * (1 + 1e-9)
+
+
+def dirac_scores(rng: np.random.Generator, bits: np.ndarray, *, run: ClaimedRun, noise: float) -> np.ndarray:
+    """Inclusion scores of Dirac canaries under DP-SGD, in raw units: a canary owns its coordinate, so its
+    score sums its clipped gradient (1) over the steps Poisson sampling takes it in, Binomial(T, q) for a
+    member (secret bit +1) and none otherwise, plus the noise of std ``noise`` added on its coordinate at
+    every step."""
+    participations = rng.binomial(run.steps, run.sampling_rate, size=bits.size) * (bits == 1)
+    return participations + noise * math.sqrt(run.steps) * rng.standard_normal(bits.size)
+
+
+def one_run_refutes(
+    scores: np.ndarray, bits: np.ndarray, *, run: ClaimedRun, epsilon: float, confidences: tuple[float, float]
+) -> bool:
+    """The one-run audit's decision on one run's scores, at δ 1e-5 with the default guess grid: either test,
+    each at its share of the level (``confidences``) corrected for the grid."""
+    rule = GuessRule()
+    steinke, curve_level = (rule.corrected_confidence(c) for c in confidences)
+    counts = rule.counts(bits.size)
+    correct = correct_counts(scores, bits, counts, sides=rule.sides)
+    return bool(
+        np.any(steinke_refutes(bits.size, counts, correct, epsilon=epsilon, delta=1e-5, confidence=steinke))
+        or np.any(curve_refutes(bits.size, counts, correct, curve=run.curve(), confidence=curve_level))
+    )
 
 
 def uniform_log_probs(n: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:

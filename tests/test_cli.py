@@ -128,7 +128,8 @@ def test_an_audit_that_can_decide_nothing_is_refused_before_training(capsys):
     from dpverify.config import profile_config
     from dpverify.registry import get_implementation
 
-    assert main(["audit", "opacus-ghost", "reference-dpsgd", "--m", "1", "--set", "pooled_runs=1", "--worlds", "none"]) == 2
+    one_run = ["--worlds", "none", "--every-update", "off", "--layers", "none"]
+    assert main(["audit", "opacus-ghost", "reference-dpsgd", "--m", "1", "--set", "pooled_runs=1", *one_run]) == 2
     err = capsys.readouterr().err
     assert "training" not in err  # refused before the first audit started
     for name in ("opacus-ghost", "reference-dpsgd"):
@@ -209,7 +210,7 @@ def test_an_interrupted_run_keeps_the_finished_audits_in_its_report(tmp_path):
     report = tmp_path / "report.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "dpverify", "audit", "reference-dpsgd", "waits-for-interrupt", "--import", str(helper),
-         *SMALL, "--worlds", "none", "--report", str(report)],
+         *SMALL, "--worlds", "none", "--every-update", "off", "--report", str(report)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
         # A pytest-xdist worker ignores SIGINT, and a child would inherit that: restore Ctrl-C's default.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -253,7 +254,8 @@ def test_a_terminal_without_utf8_gets_ascii_and_a_report(tmp_path):
     report = tmp_path / "r.json"
     # the one-run audit alone: its ε = ∞ row is what the ASCII table and the report must carry
     run = run_cli(
-        "audit", "opacus-ghost", *SMALL, "--worlds", "none", "--epsilon", "inf", "--report", str(report), env={"PYTHONIOENCODING": "cp1252"}
+        "audit", "opacus-ghost", *SMALL, "--worlds", "none", "--every-update", "off", "--layers", "none", "--epsilon", "inf",
+        "--report", str(report), env={"PYTHONIOENCODING": "cp1252"},
     )
     assert run.returncode == 0, run.stderr
     assert json.loads(report.read_text())["audits"][0]["infinite"] == ["claimed_epsilon", "library_epsilon", "curve_claimed_epsilon"]

@@ -138,7 +138,7 @@ def lowered(path: Path, implementation: str) -> Path:
 def test_pytest_compares_with_a_baseline_and_fails_on_a_rise_only_when_asked(pytester):
     pytester.makeconftest(CONFTEST)
     # m = 2000, not the profile's 10⁴: a fifth of the correct guesses is a significant rise at any size
-    common = ("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-worlds=none", "--dp-audit-implementations=steady,drifted", "--dp-audit-set=m=2000")
+    common = ("-p", "no:cacheprovider", "--dp-audit", "--dp-audit-worlds=none", "--dp-audit-every-update=false", "--dp-audit-implementations=steady,drifted", "--dp-audit-set=m=2000")
     base = pytester.path / "base.json"
     pytester.runpytest(*common, "--dp-audit-seed=1", f"--dp-audit-report={base}").assert_outcomes(passed=2)
     baseline = lowered(base, "drifted")
@@ -175,15 +175,15 @@ def test_the_cli_compares_with_a_baseline(tmp_path, capsys):
     register_implementation(GaussianMechanism(claimed_epsilon=1.0, info=ImplementationInfo(name="cli-drifted", library="numpy")))
     try:
         base, now = tmp_path / "base.json", tmp_path / "now.json"
-        assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "1", "--report", str(base)]) == 0
+        assert main(["audit", "cli-drifted", "--worlds", "none", "--every-update", "off", "--seed", "1", "--report", str(base)]) == 0
         baseline = lowered(base, "cli-drifted")
         capsys.readouterr()
-        assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "2", "--compare", str(baseline), "--report", str(now)]) == 0
+        assert main(["audit", "cli-drifted", "--worlds", "none", "--every-update", "off", "--seed", "2", "--compare", str(baseline), "--report", str(now)]) == 0
         out = capsys.readouterr().out
         assert "comparison with the baseline:" in out and "ROSE significantly (p = " in out
         assert "A family of its own beside the audits' level: failing the session on a rise (compare-fail) can add up to 0.05" in out
         assert json.loads(now.read_text())["comparison"]["audits"][0]["rose"] is True
-        assert main(["audit", "cli-drifted", "--worlds", "none", "--seed", "2", "--compare", str(baseline), "--compare-fail"]) == 1
+        assert main(["audit", "cli-drifted", "--worlds", "none", "--every-update", "off", "--seed", "2", "--compare", str(baseline), "--compare-fail"]) == 1
         assert main(["audit", "cli-drifted", "--compare", str(tmp_path / "missing.json")]) == 2
         assert f"--compare: baseline {tmp_path / 'missing.json'}: no such file" in capsys.readouterr().err
     finally:

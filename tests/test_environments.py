@@ -63,7 +63,7 @@ def setup(tmp_path):
 def audit(*args):
     """``dpverify audit ARGS`` in a process of its own (the other environment's runs are processes too)."""
     return subprocess.run(
-        [sys.executable, "-m", "dpverify", "audit", "--worlds", "none", "--seed", "7", "--m", "400", *map(str, args)],
+        [sys.executable, "-m", "dpverify", "audit", "--worlds", "none", "--every-update", "off", "--seed", "7", "--m", "400", *map(str, args)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -124,7 +124,7 @@ def test_plan_says_what_would_run_here_without_training(setup, capsys):
     from dpverify.registry import unregister_implementation
 
     try:
-        assert main(["audit", "home-oblivious", "family-oblivious", "--worlds", "none", "--import", str(registrations), "--plan"]) == 0
+        assert main(["audit", "home-oblivious", "family-oblivious", "--worlds", "none", "--every-update", "off", "--import", str(registrations), "--plan"]) == 0
     finally:
         for name in ("home-oblivious", "family-oblivious", "family-memoriser", "family-segfaults"):
             unregister_implementation(name)
@@ -137,7 +137,7 @@ def test_plan_says_what_would_run_here_without_training(setup, capsys):
 
 
 def test_planned_audits_cannot_be_fewer_than_the_run_counts(capsys):
-    assert main(["audit", "reference-dpsgd", "--worlds", "none", "--planned-audits", "0", "--plan"]) == 2
+    assert main(["audit", "reference-dpsgd", "--worlds", "none", "--every-update", "off", "--planned-audits", "0", "--plan"]) == 2
     assert "--planned-audits must be at least this run's 1 counted audit(s), got 0" in capsys.readouterr().err
 
 
@@ -171,7 +171,7 @@ def test_pytest_says_which_families_it_did_not_audit_and_where_they_run(pytester
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--dp-audit", "--dp-audit-implementations=family-test-*", "-rs", *workers
     )
-    result.assert_outcomes(skipped=8)  # each one-run audit and three two-world audits: 2 implementations
+    result.assert_outcomes(skipped=10)  # each one-run, every-update and three two-world audits: 2 implementations
     hint = "run `.venvs/jax/bin/pytest --dp-audit` (made by `bash scripts/setup.sh`)"
     result.stdout.fnmatch_lines([
         "*dp-audit summary*",

@@ -72,7 +72,7 @@ def _refuted_at_some_look(d: np.ndarray, dprime: np.ndarray, confidence: float) 
 
 def test_the_fixed_batch_world_is_a_pair_of_add_remove_neighbours():
     world = fixed_batch_worlds(records=RECORDS)
-    assert world.relation == "add_remove" and world.observes_updates and world.observation == "every update"
+    assert world.relation == "add_remove" and world.observes_updates and world.observed == "every update"
     assert len(world.labels_dprime) == len(world.labels_d) + 1 and world.public_size == RECORDS + 1
     assert np.all(world.labels_d == 0) and world.labels_dprime[-1] == 1
     with pytest.raises(ValueError, match="every released update"):
@@ -130,7 +130,7 @@ def _audit(implementation, *, confidence: float = 0.99, seed: int = 0):
 @pytest.mark.slow
 def test_a_third_party_trainer_with_shuffled_fixed_batches_is_refuted():
     result = _audit(NumpyDPSGD(fixed_batches=True))
-    assert result.verdict == "violation" and result.observation == "every update"
+    assert result.verdict == "violation" and result.observed == "every update"
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
 """The default gate: which two-world audits each implementation gets, how pytest collects and counts them,
 and that they find a third party's normaliser bugs without any option."""
 
+import json
+
 import pytest
 
-from dpverify.config import TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, two_world_config
+from dpverify.config import EVERY_UPDATE_SETTING, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
 from dpverify.contract import ImplementationInfo
-from dpverify.gate import applicable_worlds, gate_audits
+from dpverify.gate import EVERY_UPDATE_BUGS, applicable_worlds, every_update_applies, gate_audits
 from tests.test_plugin import CONFTEST, REPO, run
 
 PRIVATE = ImplementationInfo(name="mine", library="numpy")
@@ -40,10 +42,11 @@ def test_language_models_get_no_world():
     assert applicable_worlds(ImplementationInfo(name="lm", library="numpy", task="language")) == ()
 
 
-def test_gate_audits_put_each_one_run_audit_before_its_worlds_and_count_only_private_ones():
-    audits = gate_audits([PRIVATE, _variant(7)], worlds="applicable")
+def test_gate_audits_put_each_one_run_audit_before_its_every_update_audit_and_worlds_and_count_only_private_ones():
+    audits = gate_audits([PRIVATE, _variant(7), _variant(8)], worlds="applicable")
     assert [a.test_name for a in audits] == [
         "dp-audit[mine]",
+        "every-update[mine]",
         "two-world[mine-dataset_size]",
         "two-world[mine-fixed_batch]",
         "two-world[mine-realised_batch]",
@@ -51,12 +54,31 @@ def test_gate_audits_put_each_one_run_audit_before_its_worlds_and_count_only_pri
         "dp-audit[row-7]",
         "two-world[row-7-dataset_size]",
         "two-world[row-7-realised_batch]",
+        "dp-audit[row-8]",
+        "every-update[row-8]",
     ]
-    assert [a.counted for a in audits] == [True] * 5 + [False] * 3
+    assert [a.counted for a in audits] == [True] * 6 + [False] * 5
     assert len({a.seed_key for a in audits}) == len(audits) and audits[0].seed_key == "mine"
-    assert [a.test_name for a in gate_audits([PRIVATE], worlds="none")] == ["dp-audit[mine]"]
-    chosen = gate_audits([PRIVATE, WITH_MICROBATCHES], worlds=("microbatch",))
+    assert [a.test_name for a in gate_audits([PRIVATE], worlds="none")] == ["dp-audit[mine]", "every-update[mine]"]
+    assert [a.test_name for a in gate_audits([PRIVATE], worlds="none", every_update=False)] == ["dp-audit[mine]"]
+    chosen = gate_audits([PRIVATE, WITH_MICROBATCHES], worlds=("microbatch",), every_update=False)
     assert [a.test_name for a in chosen] == ["dp-audit[mine]", "dp-audit[micro]", "two-world[micro-microbatch]"]
+
+
+def test_every_classifier_expected_private_or_known_gets_the_every_update_audit_and_variants_of_row_8():
+    assert every_update_applies(PRIVATE) and every_update_applies(KNOWN)
+    assert [row for row in range(1, 13) if every_update_applies(_variant(row))] == list(EVERY_UPDATE_BUGS) == [8]
+    assert not every_update_applies(ImplementationInfo(name="lm", library="numpy", task="language"))
+
+
+def test_the_every_update_config_designates_q_below_one_and_takes_only_its_gate_settings():
+    config = every_update_config("quick", {"m": 400, "pooled_runs": 2, "epsilon": 8.0, "epochs": 50})
+    assert config.observe == "every_update" and config.design == "inclusion"
+    assert config.hyperparameters.sampling_rate == EVERY_UPDATE_SETTING["sampling_rate"] < 1
+    assert config.hyperparameters.noise_multiplier == EVERY_UPDATE_SETTING["noise_multiplier"]
+    assert config.hyperparameters.epochs == EVERY_UPDATE_SETTING["epochs"]  # the one-run audits' setting, not its
+    assert (config.canaries.m, config.pooled_runs, config.canaries.dimension) == (400, 2, 200)
+    assert every_update_config("mlp", {}).architecture.is_softmax_regression
 
 
 @pytest.mark.parametrize(
@@ -94,22 +116,39 @@ def test_pytest_collects_a_two_world_item_per_applicable_world_selectable_by_k_a
     result.stdout.fnmatch_lines(
         [
             "dp-audit::dp-audit[[]third-party-private[]]",
+            "dp-audit::every-update[[]third-party-private[]]",
             "dp-audit::two-world[[]third-party-private-dataset_size[]]",
             "dp-audit::two-world[[]third-party-private-fixed_batch[]]",
             "dp-audit::two-world[[]third-party-private-realised_batch[]]",
             "dp-audit::two-world[[]third-party-private-worst_case_record[]]",
-            "*5 tests collected*",
+            "*6 tests collected*",
         ]
     )
     only_worlds = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only",
                       "-q", "-m", "dp_audit_two_world")  # fmt: skip
-    only_worlds.stdout.fnmatch_lines(["*4/5 tests collected (1 deselected)*"])
+    only_worlds.stdout.fnmatch_lines(["*4/6 tests collected (2 deselected)*"])
+    every = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only",
+                "-q", "-m", "dp_audit_every_update")  # fmt: skip
+    every.stdout.fnmatch_lines(["dp-audit::every-update[[]third-party-private[]]", "*1/6 tests collected (5 deselected)*"])
     one = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--collect-only", "-q",
               "-k", "realised_batch")  # fmt: skip
-    one.stdout.fnmatch_lines(["dp-audit::two-world[[]third-party-private-realised_batch[]]", "*1/5 tests collected*"])
+    one.stdout.fnmatch_lines(["dp-audit::two-world[[]third-party-private-realised_batch[]]", "*1/6 tests collected*"])
     none = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--dp-audit-worlds=none",
                "--collect-only", "-q")  # fmt: skip
-    none.stdout.fnmatch_lines(["*1 test collected*"])
+    none.stdout.fnmatch_lines(["*2 tests collected*"])
+
+
+def test_an_every_update_audit_of_a_trainer_that_hands_nothing_over_is_counted_and_skipped_as_not_run(project, tmp_path):
+    report = tmp_path / "report.json"
+    result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "-m", "dp_audit_every_update",
+                 "-rs", f"--dp-audit-report={report}")  # fmt: skip
+    result.assert_outcomes(skipped=1, deselected=5)
+    result.stdout.fnmatch_lines(["*Not run: third-party-private: the trainer handed over no updates*"])
+    data = json.loads(report.read_text())
+    assert data["planned_audits"] == 1 and data["audits"][0]["observed"] == "every update"
+    off = run(project, "--dp-audit", "--dp-audit-implementations=third-party-private", "--dp-audit-every-update=false",
+              "--collect-only", "-q")  # fmt: skip
+    off.stdout.fnmatch_lines(["*5 tests collected*"])
 
 
 def test_a_bad_worlds_option_is_a_usage_error_naming_it(project):

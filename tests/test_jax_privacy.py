@@ -280,3 +280,12 @@ def test_fixed_batches_are_full_and_the_remainder_sits_out(jax_privacy):
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with pytest.raises(ValueError, match="batch size in the DP parameters is not equal to the batch size of the actual data"):
         model.fit(request.features, request.labels, batch_size=2, epochs=1, verbose=0)
+
+
+def test_at_q_1_the_fixed_batch_is_the_full_batch(jax_privacy):
+    """The one-run audits' q = 1: B = N = 130 (which no microbatch of 128 divides), every step applies every
+    record's clipped gradient over N, and the claim is the Poisson account at q = 1."""
+    request, handed = observed(dirac_request(records=130, sampling_rate=1.0, epochs=2))
+    trained = implementation("jax-privacy-keras-fixed-batches").train(request)
+    assert [b.size for b in applied_batches(request, handed, normaliser=130.0)] == [130, 130]
+    assert (trained.claim.sampling_rate, trained.claim.steps) == (1.0, 2)

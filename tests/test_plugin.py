@@ -29,8 +29,9 @@ SMALL = "--dp-audit-implementations=third-party-*,leaky"
 @pytest.fixture
 def project(pytester):
     pytester.makeconftest(CONFTEST)
-    # The ready-made two-world audits have tests of their own (test_gate.py); here only the one-run ones.
-    pytester.makeini("[pytest]\ndp_audit_seed = 11\ndp_audit_worlds = none\n")
+    # The ready-made two-world and every-update audits have tests of their own (test_gate.py,
+    # test_every_update.py); here only the one-run ones.
+    pytester.makeini("[pytest]\ndp_audit_seed = 11\ndp_audit_worlds = none\ndp_audit_every_update = false\n")
     return pytester
 
 
@@ -73,7 +74,7 @@ def test_third_party_implementation_is_audited_and_a_leak_fails_with_an_actionab
     result.stdout.fnmatch_lines(
         [
             f"*dpverify: DP audits on (profile quick, seed 11, device {resolve_device('auto')}*",
-            "*leaky: verdict VIOLATION (inclusion design, add_remove relation)*",
+            "*leaky: verdict VIOLATION (inclusion design, add_remove relation, adversary saw: final model)*",
             "*Reproduce with: pytest --dp-audit --dp-audit-seed 11 --dp-audit-profile quick --dp-audit-epsilon 2 "
             '--dp-audit-device auto --dp-audit-confidence-per-audit 0.975 --dp-audit-implementations leaky "dp-audit::dp-audit[[]leaky[]]"*',
             "*dp-audit summary*",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,10 +13,10 @@ from dpverify.audits import run_audit
 from dpverify.config import profile_config
 from dpverify.stats.bounds import _gdp_epsilon
 from dpverify.stats.curves import ClaimedRun
-from dpverify.stats.power import LARGEST_DEFICIT, gdp_mu, one_run_deficit, separation, simulated_detection
+from dpverify.stats.power import LARGEST_DEFICIT, gdp_mu, measure_power, one_run_deficit, separation
 from dpverify.stats.scoring import GuessRule
 from dpverify.contract import ImplementationInfo
-from tests.doubles import GaussianMechanism, NumpyDPSGD, Oblivious
+from tests.doubles import GaussianMechanism, NumpyDPSGD, Oblivious, dirac_scores, one_run_refutes
 
 RULE = GuessRule()
 #: The audit's two tests each at half of a 95 % level, as a one-audit session runs them.
@@ -50,26 +51,78 @@ def test_gdp_mu_is_exact_at_full_batch_and_the_central_limit_one_below():
     assert gdp_mu(ClaimedRun(noise_multiplier=0.0, steps=1)) == math.inf
 
 
-def _caught(run: ClaimedRun, epsilon: float, m: int, deficit: float, audits: int, rng) -> float:
-    """The share of ``audits`` simulated audits of m canaries in one run refuted by the audit's own decision."""
-    return simulated_detection(
-        run, deficit=deficit, run_sizes=(m,), guess_rule=RULE, claimed_epsilon=epsilon, delta=1e-5,
-        confidences=CONFIDENCES, audits=audits, rng=rng,
-    )  # fmt: skip
+def _stated_deficit(run: ClaimedRun, m: int, rng) -> float:
+    """k* as a correct audit of ``run``'s Dirac canary scores (m in one run) states it, through the power path."""
+    bits = rng.choice(np.array([-1, 1]), size=m)
+    return measure_power(
+        run,
+        dirac_scores(rng, bits, run=run, noise=run.noise_multiplier),
+        bits,
+        smallest_deficit=lambda fraction: one_run_deficit(
+            run, fraction=fraction, run_sizes=(m,), guess_rule=RULE, claimed_epsilon=run.epsilon(1e-5), delta=1e-5,
+            confidences=CONFIDENCES,
+        ),
+    ).smallest_deficit  # fmt: skip
 
 
-def test_the_predicted_smallest_deficit_is_caught_by_the_audits_own_decision():
-    """k* promises detection with probability ≥ 0.8. 30 simulated audits at k* must catch ≥ 21 (at a true
-    rate of 0.8 that fails with probability 0.16; the prediction errs high, measured 0.88-1.0) and at 0.75·k*
-    at most 21 (the prediction is not loose: measured 0.08-0.5 at 0.85·k*; benchmarks/results/power-check.md)."""
-    run, m = _full_batch(2.0), 1000
+def _caught(run: ClaimedRun, m: int, deficit: float, audits: int, rng) -> int:
+    """How many of ``audits`` fresh audits of ``run`` with its noise divided by ``deficit`` are refuted."""
+    caught, epsilon = 0, run.epsilon(1e-5)
+    for _ in range(audits):
+        bits = rng.choice(np.array([-1, 1]), size=m)
+        scores = dirac_scores(rng, bits, run=run, noise=run.noise_multiplier / deficit)
+        caught += one_run_refutes(scores, bits, run=run, epsilon=epsilon, confidences=CONFIDENCES)
+    return caught
+
+
+@pytest.mark.parametrize(
+    ("noise", "sampling_rate", "steps", "m"),  # σ for ε 2, 2, 4 and 2 at δ 1e-5 (the issue's settings)
+    [(1.673, 0.05, 200, 2000), (2.249, 0.1, 100, 2000), (1.813, 0.2, 50, 2000), (6.306, 1.0, 10, 1000)],
+)
+def test_the_stated_smallest_deficit_is_caught_under_poisson_sampling(noise, sampling_rate, steps, m):
+    """k* promises detection with probability ≥ 0.8. A correct audit of DP-SGD's Dirac canary scores
+    (drawn here from the mechanism itself, not from k*'s model) states k* through the audit's power path;
+    40 fresh audits with the noise divided by k* must be refuted ≥ 28 times by the audit's own decision (at
+    a true rate of 0.8 that fails with probability 0.043). Under q < 1 the separation grows linearly in k,
+    where the model before (ρ·μ(σ/k), the central-limit μ) stated a k* caught 6-24 % of the time."""
+    run = ClaimedRun(noise_multiplier=noise, sampling_rate=sampling_rate, steps=steps)
+    rng = np.random.default_rng(31)
+    deficit = _stated_deficit(run, m, rng)
+    assert 1 < deficit < LARGEST_DEFICIT and _caught(run, m, 1.0, 1, rng) == 0
+    caught = _caught(run, m, deficit, 40, rng)
+    assert caught >= 28, (deficit, caught)
+
+
+def test_the_smallest_deficit_is_not_loose():
+    """k* is the least deficit caught ≥ 0.8 of the time, not any deficit that is: from the canaries' true
+    signal (not its lower limit, which makes a stated k* larger by its interval's width), fewer than 32 of
+    40 audits are refuted at 0.85·k* (measured 20-42 %, benchmarks/results/power-check.md; at a true rate of
+    0.5 this fails with probability 1e-4)."""
+    run, rng = ClaimedRun(noise_multiplier=2.249, sampling_rate=0.1, steps=100), np.random.default_rng(7)
+    signal = run.sampling_rate * math.sqrt(run.steps) / run.noise_multiplier  # a Dirac member's mean score over the spread
     deficit = one_run_deficit(
-        run, fraction=1.0, run_sizes=(m,), guess_rule=RULE, claimed_epsilon=2.0, delta=1e-5, confidences=CONFIDENCES
+        run, fraction=signal / gdp_mu(run), run_sizes=(2000,), guess_rule=RULE, claimed_epsilon=run.epsilon(1e-5),
+        delta=1e-5, confidences=CONFIDENCES,
+    )  # fmt: skip
+    assert _caught(run, 2000, 0.85 * deficit, 40, rng) < 32
+
+
+def test_a_claim_with_little_noise_under_sampling_is_refuted_not_an_overflow():
+    """σ 0.3, q 0.1, 100 steps claiming ε 1 (its own numbers imply ε ≈ 106): k* once evaluated e^{k²/σ²} up
+    to k = 10, which overflows a float, and the audit raised instead of returning the violation."""
+    run = ClaimedRun(noise_multiplier=0.03, sampling_rate=0.1, steps=100)
+    assert gdp_mu(run) == math.inf and gdp_mu(run.with_noise(0.3)) > 100
+
+    class Understated(NumpyDPSGD):
+        def train(self, request):
+            trained = super().train(request)
+            return dataclasses.replace(trained, claim=dataclasses.replace(trained.claim, epsilon=1.0))
+
+    config = profile_config(
+        "quick", m=400, dimension=400, pooled_runs=1, device="cpu", seed=3, sampling_rate=0.1, epochs=10, noise_multiplier=0.3
     )
-    assert 1 < deficit < LARGEST_DEFICIT
-    rng = np.random.default_rng(20)
-    assert _caught(run, 2.0, m, deficit, 30, rng) >= 0.7
-    assert _caught(run, 2.0, m, 0.75 * deficit, 30, rng) <= 0.7
+    result = run_audit(Understated(info=ImplementationInfo(name="understated", library="numpy")), config)
+    assert result.verdict == "violation" and not result.claim_consistent
 
 
 def test_fewer_canaries_or_less_signal_need_a_larger_deficit():

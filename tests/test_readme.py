@@ -133,9 +133,10 @@ def test_the_examples_run_as_written_under_each_pytest_line(command, pytester):
     # test_mine's two tests, test_contract's two, my-dpsgd's one-run audit and three two-world audits pass; the
     # drawn test passes or, when a drawn configuration could not see, skips as undecided (draws vary outside CI)
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == outcomes.get("errors", 0) == 0 and outcomes["passed"] >= 8
-    assert outcomes["passed"] + outcomes.get("skipped", 0) == 9
+    assert outcomes.get("failed", 0) == outcomes.get("errors", 0) == 0 and outcomes["passed"] >= 9
+    assert outcomes["passed"] + outcomes.get("skipped", 0) == 10
     result.stdout.fnmatch_lines(["*test_every_registered[[]my-dpsgd[]] PASSED*", "*dp-audit[[]my-dpsgd[]] PASSED*"])
+    result.stdout.fnmatch_lines(["*every-update[[]my-dpsgd[]] PASSED*"])
     result.stdout.fnmatch_lines(["*test_an_audit_of_an_unregistered_trainer PASSED*"])
     assert "test_my_dpsgd_keeps_its_claim PASSED" in result.stdout.str() or "could not see" in result.stdout.str()
     for world in ("dataset_size", "realised_batch", "worst_case_record"):

@@ -31,9 +31,9 @@ def _planned(capsys) -> set[str]:
 
 
 def test_the_cli_takes_exclusions_with_names_or_after_all(capsys):
-    assert main(["audit", "opacus-lm*", "!opacus-lm-hooks*", "!*-embedding", "--worlds", "none", "--plan"]) == 0
+    assert main(["audit", "opacus-lm*", "!opacus-lm-hooks*", "!*-embedding", "--worlds", "none", "--every-update", "off", "--plan"]) == 0
     assert _planned(capsys) == {"opacus-lm", "opacus-lm-clip-2c", "opacus-lm-no-noise"}
-    assert main(["audit", "--all", "!opacus-*", "!tf-privacy-*", "!jax-privacy-*", "--worlds", "none", "--plan"]) == 0
+    assert main(["audit", "--all", "!opacus-*", "!tf-privacy-*", "!jax-privacy-*", "--worlds", "none", "--every-update", "off", "--plan"]) == 0
     assert _planned(capsys) == {"reference-dpsgd"}
 
 
@@ -51,7 +51,7 @@ def project(pytester):
 
 
 def test_pytest_leaves_out_what_an_exclusion_matches(project):
-    result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-*,leaky,!leaky", "--dp-audit-worlds=none",
+    result = run(project, "--dp-audit", "--dp-audit-implementations=third-party-*,leaky,!leaky", "--dp-audit-worlds=none", "--dp-audit-every-update=false",
                  "--collect-only", "-q")  # fmt: skip
     result.stdout.fnmatch_lines(["dp-audit::dp-audit[[]third-party-private[]]", "*1 test collected*"])
 

@@ -456,3 +456,12 @@ def test_no_observer_no_hand_over(keras_module):
     for a, b in zip(with_observer, without):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(handed[-1][1][0], with_observer[0].T)
+
+
+def test_at_q_1_the_fixed_batch_is_the_full_batch(tf_privacy):
+    """The one-run audits' q = 1: B = N, every step applies every record's clipped gradient over N, and the
+    claim is TF-Privacy's account at q = 1."""
+    request, handed = observed(dirac_request(records=30, sampling_rate=1.0, epochs=2))
+    trained = implementation("tf-privacy-keras-fixed-batches").train(request)
+    assert [b.size for b in applied_batches(request, handed, normaliser=30.0)] == [30, 30]
+    assert (trained.claim.sampling_rate, trained.claim.steps) == (1.0, 2)

@@ -123,8 +123,9 @@ def test_noise_of_a_reused_step_has_the_intended_scale_and_is_fresh_per_seed(reu
 
 
 def test_each_variant_has_its_own_trace_and_the_cache_is_bounded(reuse):
-    """Every variant that changes TF-Privacy's step traces its own; the row 7 variant runs the correct step
-    (it only leaves the learning rate unscaled, outside the trace) and shares the correct path's."""
+    """Every variant that changes TF-Privacy's step traces its own; the row 7 variant and the fixed-batch path
+    run the correct step (they change the learning rate or the batches, outside the trace) and share the
+    correct path's."""
     keys = []
     for name in NAMES:
         impl = implementation(name)
@@ -133,8 +134,9 @@ def test_each_variant_has_its_own_trace_and_the_cache_is_bounded(reuse):
         assert key[:2] == (impl.path, impl.step), name
         keys.append(key)
         assert len(reuse._CACHE) <= reuse.CACHE_SIZE
-    assert keys[NAMES.index("tf-privacy-realised-batch-norm")] == keys[NAMES.index("tf-privacy-keras")]
-    assert len(set(keys)) == len(NAMES) - 1
+    for sharer in ("tf-privacy-realised-batch-norm", "tf-privacy-keras-fixed-batches"):
+        assert keys[NAMES.index(sharer)] == keys[NAMES.index("tf-privacy-keras")]
+    assert len(set(keys)) == len(NAMES) - 2
     assert len(reuse._CACHE) == reuse.CACHE_SIZE and keys[1] not in reuse._CACHE  # the least recently used
     assert all(reuse.stateful_random_ops(entry.step) == [] for entry in reuse._CACHE.values())
 

@@ -536,6 +536,20 @@ def test_accountant_steps_variant_trains_the_same_but_claims_less():
     assert rdp.get_epsilon(1e-5) > 1.3, "the 10 steps actually taken spend more than the target"
 
 
+def test_accountant_rate_variant_trains_the_same_but_claims_a_quarter_of_q():
+    request = conformance.small_request()
+    correct, a = _outputs("opacus-ghost", request)
+    buggy, b = _outputs("opacus-accountant-rate", request)
+    np.testing.assert_array_equal(a, b)  # the same training
+    assert buggy.claim.sampling_rate == pytest.approx(correct.claim.sampling_rate / 4) and buggy.claim.steps == correct.claim.steps
+    assert buggy.claim.epsilon < correct.claim.epsilon
+    calibrated = get_implementation("opacus-accountant-rate").train(conformance.small_request(target_epsilon=1.0))
+    rdp = RDPAccountant()
+    rdp.history = [(calibrated.claim.noise_multiplier, 0.1, 10)]
+    assert calibrated.claim.epsilon == pytest.approx(1.0, rel=0.01)
+    assert rdp.get_epsilon(1e-5) > 1.3, "the rate actually sampled at spends more than the target"
+
+
 def test_shuffled_batches_partition_each_epoch_under_a_poisson_claim():
     request = conformance.small_request()
     run = build_run(request, name="x", tweak=get_implementation("opacus-shuffled-batches").make_tweak())

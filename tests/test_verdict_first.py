@@ -68,7 +68,8 @@ def test_a_pass_whose_power_fails_is_undecided_never_green(monkeypatch):
 
 def test_a_two_world_audit_keeps_its_violation_when_power_fails(monkeypatch):
     monkeypatch.setattr(dpverify.audits.two_world, "measure_power", _raise)
-    config = two_world_config("quick", "worst_case_record", runs=40).with_overrides(seed=1)
+    # 30 runs a world: one look (the first two would count under MIN_LOOK_RUNS), so the power is measured.
+    config = two_world_config("quick", "worst_case_record", runs=30).with_overrides(seed=1)
     result = run_audit(Memoriser(), config)
     assert result.verdict == "violation" and result.auxiliary_failures[0][0] == "power"
 

@@ -2,7 +2,8 @@
 training run of the designated model (or several independent runs pooled), self-comparison scores.
 
 ``inclusion`` keeps each canary in the training set with probability ½ (bits drawn before training) and
-tests the add/remove ε; ``pair`` trains on every canary, draws the bits afterwards and presents the trained
+tests the add/remove ε (with ``observe="every_update"``, from every released update rather than the final
+model, :func:`every_update_scores`); ``pair`` trains on every canary, draws the bits afterwards and presents the trained
 or the fresh label (Algorithm 2), testing replace-one ε.
 """
 
@@ -17,6 +18,7 @@ import numpy as np
 from dpverify.audits.steps import (
     AuditClock,
     AuditFailure,
+    ObservationMissing,
     Progress,
     ScoredRun,
     audit_streams,
@@ -32,12 +34,18 @@ from dpverify.audits.steps import (
     train_and_score,
     until_failure,
 )
-from dpverify.canaries.synthetic import make_canaries
+from dpverify.canaries.synthetic import Canaries, make_canaries
+from dpverify.canaries.updates import DiracUpdates, UpdatesMissing
 from dpverify.config import AuditConfig
-from dpverify.contract import Implementation, StepProgress, TrainedModel, TrainingRequest
+from dpverify.contract import DPHyperparameters, Implementation, StepProgress, TrainedModel, TrainingRequest
 from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
-from dpverify.stats.scoring import loss_scores, mean_comparison_scores, self_comparison_scores
+from dpverify.stats.scoring import (
+    loss_scores,
+    mean_comparison_scores,
+    self_comparison_scores,
+    subsampled_gaussian_log_likelihood_ratio,
+)
 
 
 def run_classification_audit(
@@ -108,18 +116,22 @@ def _one_run(
     canaries = make_canaries(dataclasses.replace(config.canaries, m=config.canaries_per_run[run]), rng=canary_rng)
     m = canaries.m
     drawn_before, trained_on = membership_before_training(config.relation, membership_rng, m)
+    updates = _update_reader(config, canaries) if config.observe == "every_update" else None
     request = TrainingRequest(
         features=canaries.features[trained_on],
         labels=canaries.labels[trained_on],
         num_classes=canaries.num_classes,
         architecture=config.architecture,
-        hyperparameters=config.hyperparameters,
+        hyperparameters=config.hyperparameters if updates is None else _with_public_normaliser(config, m),
         seed=training_seed,
         device=device,
         progress=step_progress,
+        observe_update=updates,
     )
 
     def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, None]:
+        if updates is not None:
+            return every_update_scores(updates, trained), drawn_before, None
         log_probs = query_black_box(trained, canaries.features, expected_shape=(m, canaries.num_classes))
         membership = membership_after_training(drawn_before, membership_rng, m)
         if drawn_before is None:
@@ -133,3 +145,41 @@ def _one_run(
         return loss_scores(log_probs, shown), membership, None
 
     return request, score
+
+
+def _with_public_normaliser(config: AuditConfig, m: int) -> DPHyperparameters:
+    """The designated hyperparameters with a public normaliser: q·m unless one is designated. In the
+    inclusion design the members' count is secret, and the every-update adversary must know what each
+    step's noisy sum was divided by to read it back."""
+    hp = config.hyperparameters
+    return hp if hp.expected_batch_size is not None else dataclasses.replace(hp, expected_batch_size=hp.sampling_rate * m)
+
+
+def _update_reader(config: AuditConfig, canaries: Canaries) -> DiracUpdates:
+    hp = _with_public_normaliser(config, canaries.m)
+    return DiracUpdates(
+        labels=canaries.labels,
+        num_classes=canaries.num_classes,
+        feature_scale=config.canaries.feature_scale,
+        max_grad_norm=hp.max_grad_norm,
+        learning_rate=hp.learning_rate,
+        normaliser=hp.normaliser(canaries.m),
+        steps=hp.steps,
+    )
+
+
+def every_update_scores(updates: DiracUpdates, trained: TrainedModel) -> np.ndarray:
+    """Each canary's log-likelihood ratio of its every step, against the σ and q the run claims
+    (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`); a trainer that handed
+    nothing over makes the audit "not run" (:class:`~dpverify.audits.steps.ObservationMissing`), one that
+    handed over only some steps an error."""
+    try:
+        signal, projection = updates.statistics()
+    except UpdatesMissing as missing:
+        raise ObservationMissing(str(missing), device=trained.device) from None
+    except ValueError as partial:
+        raise AuditFailure(str(partial), device=trained.device) from None
+    claim = trained.claim
+    return subsampled_gaussian_log_likelihood_ratio(
+        signal, projection, noise_multiplier=claim.noise_multiplier, sampling_rate=claim.sampling_rate
+    )

@@ -25,6 +25,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from dpverify.config import OBSERVATIONS
 from dpverify.contract import DPHyperparameters, Implementation, PrivacyClaim, Request, StepProgress, TrainedModel, TrainingRequest
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict
 from dpverify.stats.accounting import optimistic_epsilon
@@ -301,6 +302,11 @@ class AuditFailure(Exception):
         self.device = device
 
 
+class ObservationMissing(AuditFailure):
+    """The trainer did not hand over what the audit's adversary observes (every update): the audit did not
+    run, and says so as verdict ``undecided`` (design rule 16), never a pass nor an error."""
+
+
 @dataclass
 class AuditClock:
     """When the audit started, and how many of its seconds were the auditor's own work."""
@@ -348,11 +354,16 @@ def result_fields(implementation: Implementation, config: AuditSettings, m: int)
         m=m,
         seed=config.seed,
         config=config.to_dict(),
+        observed=OBSERVATIONS[getattr(config, "observe", "final_model")],
     )
 
 
 def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
-    """Verdict ``error``: the audit could not run because ``failure`` happened."""
+    """Verdict ``error``: the audit could not run because ``failure`` happened; verdict ``undecided``,
+    with the reason in ``not_run``, when the failure is that the trainer did not hand over what the
+    audit's adversary observes (:class:`ObservationMissing`)."""
+    cause = f"{fields['implementation']}: {failure.cause}"
+    missing = isinstance(failure, ObservationMissing)
     return AuditResult(
         **fields,
         claimed_epsilon=math.nan,
@@ -360,11 +371,12 @@ def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFa
         guesses=0,
         correct=0,
         optimal_epsilon=audit_ceiling(config, fields["m"]),
-        verdict="error",
+        verdict="undecided" if missing else "error",
         device=failure.device or device,
         seconds=clock.seconds(),
         auditor_seconds=clock.auditor_seconds,
-        error=f"{fields['implementation']}: {failure.cause}",
+        error=None if missing else cause,
+        not_run=cause if missing else None,
     )
 
 
@@ -643,6 +655,7 @@ def concluded_result(
             ),
             expected_signal=expected_signal(config),
             not_designated=not_designated,
+            deficit_stated=deficit_modelled(config),
         ),
         failures,
     )
@@ -694,23 +707,40 @@ def power_beside_verdict(
 #: The signal fraction Dirac canaries carry in the designated softmax regression in a correct implementation,
 #: inclusion design at full batch: 0.96 to 1.0 in every bundled library (benchmarks/results/dirac.md), 0.97 to
 #: 1.02 for reference-dpsgd at claimed ε 2 to 16; Dirac token canaries in the zero-initialised transformer
-#: 0.97 to 1.06 in both Opacus modes (benchmarks/results/language-separation.md). A pass whose interval lies
-#: below half of it could not see what the design promises.
+#: 0.97 to 1.06 in both Opacus modes (benchmarks/results/language-separation.md); the layer designs 0.89 to
+#: 1.05 (medians over 5 seeds, Opacus ghost and hooks, TF-Privacy's fast clipping:
+#: benchmarks/results/layer-designs.md, layer-designs-tf.md). A pass whose interval lies below half of it
+#: could not see what the design promises.
 DIRAC_SIGNAL_FLOOR = 0.5
+
+
+def deficit_modelled(config: AuditSettings) -> bool:
+    """Whether k* is stated for ``config``'s design: Dirac canaries in softmax regression, the inclusion
+    design, where a canary's score is its participations times its clipped gradient plus the noise
+    (:mod:`dpverify.stats.power`), checked against real noise deficits (benchmarks/results/kstar-validation.md)."""
+    architecture = getattr(config, "architecture", None)
+    return (
+        getattr(config, "design", None) == "inclusion"
+        and getattr(getattr(config, "canaries", None), "mode", None) == "dirac"
+        and getattr(architecture, "hidden_width", None) == 0
+    )
 
 
 def expected_signal(config: AuditSettings) -> float | None:
     """The least signal fraction a correct implementation's scores carry in ``config``'s design, where it is
-    measured: Dirac canaries in softmax regression or Dirac token canaries in the zero-initialised
-    transformer, the inclusion design, at full batch (where the claimed μ is exact) get
-    :data:`DIRAC_SIGNAL_FLOOR`. Elsewhere ``None``: the pair design carries about 0.76 at the
+    measured: Dirac canaries in softmax regression, Dirac token canaries in the zero-initialised
+    transformer or a layer design's owning canaries, the inclusion design, at full batch (where the claimed
+    μ is exact) get :data:`DIRAC_SIGNAL_FLOOR`. Elsewhere ``None``: the pair design carries about 0.76 at the
     quick profile but 0.17 in a drawn configuration of reference-dpsgd, so no floor is known there."""
     canaries, architecture = getattr(config, "canaries", None), getattr(config, "architecture", None)
     hyperparameters = getattr(config, "hyperparameters", None)
+    dirac = getattr(canaries, "mode", None) == "dirac" and (
+        getattr(architecture, "hidden_width", None) == 0 or getattr(architecture, "init", None) == "dirac"
+    )
+    layer = getattr(architecture, "layer", None) is not None  # its canaries own the layer (config checks)
     if (
         getattr(config, "design", None) == "inclusion"
-        and getattr(canaries, "mode", None) == "dirac"
-        and (getattr(architecture, "hidden_width", None) == 0 or getattr(architecture, "init", None) == "dirac")
+        and (dirac or layer)
         and getattr(hyperparameters, "sampling_rate", None) == 1.0
     ):
         return DIRAC_SIGNAL_FLOOR

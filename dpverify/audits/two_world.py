@@ -158,7 +158,7 @@ class TwoWorldResult:
     the runs it took); ``undecided`` when the runs' ceilings could not refute the claim however the
     scores fell (``runs_needed`` per world would), or when the world's adversary sees every update and
     the trainer handed over none (``not_run`` says so); ``error`` when a run failed; else ``pass``.
-    ``observation`` is what the world's adversary saw: ``"final model"`` or ``"every update"``.
+    ``observed`` is what the world's adversary saw: ``"final model"`` or ``"every update"``.
     ``auxiliary_failures``: what failed beside the verdict (the power), as in
     :class:`~dpverify.results.AuditResult`.
     """
@@ -186,7 +186,7 @@ class TwoWorldResult:
     scores_dprime: tuple[float, ...] = ()
     error: str | None = None
     power: AuditPower | None = None
-    observation: str = "final model"
+    observed: str = "final model"
     not_run: str | None = None
     auxiliary_failures: tuple[tuple[str, str], ...] = ()
 
@@ -337,7 +337,7 @@ def run_two_world_audit(
         delta=delta,
         epsilon_ceiling=eps_ceiling,
         mu_ceiling=mu_ceiling,
-        observation=world.observation,
+        observed=world.observed,
     )
     say(f"{runs} runs per world can refute at most ε = {eps_ceiling:.3f} (or GDP μ = {mu_ceiling:.3f})")
     target = hyperparameters.target_epsilon
@@ -588,7 +588,7 @@ def run_two_world_design(
         scores=scores,
         membership=membership,
         power=outcome.power,
-        observation=outcome.observation,
+        observed=outcome.observed,
         not_run=outcome.not_run,
         auxiliary_failures=outcome.auxiliary_failures,
     )

@@ -3,8 +3,10 @@
 Features are random (``orthogonal``: unit-norm isotropic rows, distributed exactly as the paper's
 unit-norm coefficients times the orthonormal Q of a QR, nearly orthogonal while m ≤ d; ``gaussian``:
 i.i.d. Gaussian rows; ``dirac``: canary j is ``feature_scale · e_j``, so each canary owns one input
-coordinate and, in softmax regression, one column of weights that no other canary touches), labels are
-uniform over C classes, and every canary also gets a *comparison*
+coordinate and, in softmax regression, one column of weights that no other canary touches; ``owned_labels``:
+canary j owns a block of C outputs, its label c = j·C + y, and is ``feature_scale · e_(c mod d)``, so that in a
+layer design (:class:`~dpverify.contract.LayerArchitecture`) it alone moves its label's parameters), labels
+are uniform over C classes (within the canary's block), and every canary also gets a *comparison*
 label drawn uniformly from the other C − 1 classes. The pair (label, comparison label) is therefore
 uniform over ordered pairs of distinct classes and exchangeable given the features: the paper's Property 1
 (label independence), which is what makes the self-comparison score's guesses obey Theorem 1. Drawing
@@ -22,8 +24,8 @@ import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_real
 
-CanaryMode = Literal["orthogonal", "gaussian", "dirac"]
-CANARY_MODES: tuple[str, ...] = ("orthogonal", "gaussian", "dirac")
+CanaryMode = Literal["orthogonal", "gaussian", "dirac", "owned_labels"]
+CANARY_MODES: tuple[str, ...] = ("orthogonal", "gaussian", "dirac", "owned_labels")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +35,8 @@ class CanaryConfig:
     ``feature_scale`` is the typical row norm in every mode (orthogonal and Dirac rows have exactly this
     norm; Gaussian rows are N(0, scale²/d) per coordinate). Unit-norm features barely get memorised by
     plain SGD; a scale near 10 lets a non-private run reach ε_L close to ε_O. Dirac canaries need
-    ``dimension >= m`` in each run (:func:`check_dirac_room`).
+    ``dimension >= m`` in each run (:func:`check_dirac_room`). With ``owned_labels``, ``num_classes`` is the
+    block of labels each canary owns: a run of m canaries has m · ``num_classes`` classes.
     """
 
     m: int = 1000
@@ -94,15 +97,20 @@ def make_canaries(config: CanaryConfig, *, rng: np.random.Generator) -> Canaries
         check_dirac_room(m=m, dimension=d)
         features = np.zeros((m, d), dtype=np.float32)
         features[np.arange(m), np.arange(m)] = config.feature_scale
+    elif config.mode == "owned_labels":
+        features = np.zeros((m, d), dtype=np.float32)  # filled in below, on each label's coordinate
     else:
         features = rng.standard_normal((m, d), dtype=np.float32)
         features *= np.float32(config.feature_scale / np.sqrt(d))
     labels = rng.integers(0, num_classes, size=m)
     # Uniform over the other C - 1 classes: shift by 1..C-1 modulo C.
     comparison_labels = (labels + rng.integers(1, num_classes, size=m)) % num_classes
+    offset = np.arange(m) * num_classes if config.mode == "owned_labels" else 0  # canary j's block of labels
+    if config.mode == "owned_labels":
+        features[np.arange(m), (labels + offset) % d] = config.feature_scale
     return Canaries(
         features=features,
-        labels=labels.astype(np.int64),
-        comparison_labels=comparison_labels.astype(np.int64),
-        num_classes=num_classes,
+        labels=(labels + offset).astype(np.int64),
+        comparison_labels=(comparison_labels + offset).astype(np.int64),
+        num_classes=num_classes * m if config.mode == "owned_labels" else num_classes,
     )

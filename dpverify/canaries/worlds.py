@@ -101,7 +101,7 @@ class TwoWorlds:
         return self.score in UPDATE_SCORES
 
     @property
-    def observation(self) -> str:
+    def observed(self) -> str:
         """What the world's adversary sees: ``"every update"`` or ``"final model"``."""
         return "every update" if self.observes_updates else "final model"
 

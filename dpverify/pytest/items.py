@@ -1,8 +1,10 @@
-"""The ready-made audit tests, no test code needed: per selected implementation its one-run audit and a
-two-world audit of each crafted world that applies to it (:mod:`dpverify.gate`), under a virtual module
-``dp-audit`` (node ids ``dp-audit::dp-audit[<name>]`` and ``dp-audit::two-world[<name>-<world>]``, JUnit
-class ``dp-audit``), marked ``dp_audit`` (and ``dp_audit_two_world``), so ``-k``, ``-m`` and JUnit readers
-see them as tests like any other.
+"""The ready-made audit tests, no test code needed: per selected implementation its one-run audit, its
+every-update audit, a two-world audit of each crafted world that applies to it and an audit of each layer
+design it trains (:mod:`dpverify.gate`), under a virtual module ``dp-audit`` (node ids
+``dp-audit::dp-audit[<name>]``, ``dp-audit::every-update[<name>]``, ``dp-audit::two-world[<name>-<world>]``
+and ``dp-audit::layer[<name>-<layer>]``, JUnit class ``dp-audit``), marked ``dp_audit`` (and
+``dp_audit_every_update`` or ``dp_audit_two_world``), so ``-k``, ``-m`` and JUnit readers see them as tests
+like any other.
 
 Expectations are :func:`dpverify.pytest.fixture.judge`'s: a private implementation must not be refuted; a
 D1/D2 buggy variant must be (else the item fails: the audit missed a bug it should catch); an uncaught
@@ -37,6 +39,8 @@ class DPAuditItem(pytest.Item):
         self.add_marker("dp_audit")
         if audit.world is not None:
             self.add_marker("dp_audit_two_world")
+        if audit.every_update:
+            self.add_marker("dp_audit_every_update")
 
     @property
     def implementation_name(self) -> str:
@@ -51,7 +55,15 @@ class DPAuditItem(pytest.Item):
         return self.config.stash[SESSION_KEY]
 
     def runtest(self) -> None:
-        from dpverify.pytest.fixture import audit_config, execute_audit, judge, reproduce_hint, world_config
+        from dpverify.pytest.fixture import (
+            audit_config,
+            execute_audit,
+            gate_every_update_config,
+            judge,
+            layer_audit_config,
+            reproduce_hint,
+            world_config,
+        )
         from dpverify.registry import get_implementation
 
         session = self.audit_session
@@ -61,7 +73,14 @@ class DPAuditItem(pytest.Item):
             self.user_properties.append((UNAVAILABLE_PROPERTY, json.dumps(unavailable_record(implementation))))
             pytest.skip(reason)
         audit = self.audit
-        config = audit_config(session, {}) if audit.world is None else world_config(session, audit.world)
+        if audit.every_update:
+            config = gate_every_update_config(session)
+        elif audit.layer is not None:
+            config = layer_audit_config(session, audit.layer)
+        elif audit.world is not None:
+            config = world_config(session, audit.world)
+        else:
+            config = audit_config(session, {})
         result = execute_audit(session, self, implementation, config, key=audit.seed_key, counted=audit.counted)
         judge(result, implementation, strict=session.strict, reproduce=reproduce_hint(session, self, implementation))
 
@@ -74,6 +93,10 @@ class DPAuditItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         what = "dp-audit" if self.audit.world is None else f"two-world audit ({self.audit.world})"
+        if self.audit.every_update:
+            what = "every-update audit"
+        elif self.audit.layer is not None:
+            what = f"layer audit ({self.audit.layer})"
         return self.path, None, f"{what} of {self.implementation_name}"
 
 

@@ -71,6 +71,13 @@ def _worlds(text: str) -> str | tuple[str, ...]:
     return names
 
 
+def _layer_choice(text: str) -> str:
+    """``applicable`` or ``none``."""
+    if text.strip() not in WORLD_WORDS:
+        raise ValueError(f"must be {' or '.join(WORLD_WORDS)}, got {text!r}")
+    return text.strip()
+
+
 def _flag(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -178,6 +185,22 @@ SETTINGS: tuple[Setting, ...] = (
         "the two-world (many-run) audits collected beside each implementation's one-run audit: applicable "
         "(every crafted world that applies to it, see `dpverify list`), none, or comma-separated world names",
         "WORLDS",
+    ),
+    Setting(
+        "every-update",
+        _flag,
+        True,
+        "collect each classifier's every-update audit beside its one-run audit (its adversary sees the "
+        "parameters after every step, so a claim at q < 1 is tested at its own curve); false: none",
+        "BOOL",
+    ),
+    Setting(
+        "layers",
+        _layer_choice,
+        "applicable",
+        "the layer-design audits collected beside each implementation's one-run audit: applicable (each layer "
+        "type the implementation trains, see `dpverify list`) or none",
+        "LAYERS",
     ),
     Setting(
         "set",

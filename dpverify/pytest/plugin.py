@@ -36,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
     config.addinivalue_line("markers", "dp_audit_two_world: a ready-made two-world (many-run) audit")
+    config.addinivalue_line("markers", "dp_audit_every_update: a ready-made audit whose adversary sees every update")
     config.stash[NAMED_KEY] = _take_named_audits(config)
     try:
         config.stash[SELECTION_KEY] = options.audit_selection(config)
@@ -67,6 +68,8 @@ def _session(config: pytest.Config) -> AuditSession:
         epsilon=options.resolve(config, "epsilon"),
         implementations=options.resolve(config, "implementations"),
         worlds=options.resolve(config, "worlds"),
+        every_update=options.resolve(config, "every-update"),
+        layers=options.resolve(config, "layers"),
         settings=_settings(options.resolve(config, "set")),
         strict=options.resolve(config, "strict"),
         timeout=options.resolve(config, "timeout"),
@@ -134,11 +137,13 @@ def _check_settings(session: AuditSession) -> None:
     if not session.settings:
         return
     from dpverify.canaries.worlds import WORLD_KINDS
-    from dpverify.pytest.fixture import audit_config, world_config
+    from dpverify.pytest.fixture import audit_config, gate_every_update_config, world_config
 
     worlds = {"applicable": WORLD_KINDS, "none": ()}.get(session.worlds, session.worlds)
     try:
         audit_config(session, {})
+        if session.every_update:
+            gate_every_update_config(session)
         for world in worlds:
             world_config(session, world)
     except ValueError as exc:
@@ -259,7 +264,12 @@ def _add_ready_made_audits(
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
         DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
-        for audit in gate_audits(infos, worlds=audit_session.worlds)
+        for audit in gate_audits(
+            infos,
+            worlds=audit_session.worlds,
+            every_update=audit_session.every_update,
+            layers=audit_session.layers == "applicable",
+        )
     ]
     if named:
         unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]

@@ -11,45 +11,76 @@ A pass is only worth what the audit could have seen. Two numbers say it:
   :math:`\operatorname{se}^2 \approx s_{+}^2/(s_{-}^2 n_{+}) + 1/n_{-} + \hat\mu^2/(2(n_{-}-1))`;
 * the **smallest noise deficit** k*: an implementation that adds σ/k where it claims σ (its claim kept)
   is refuted by this audit, at this m, these runs and this level, with probability ≥ 0.8 for every k ≥ k*.
-  It is predicted from the claim and ρ: under a deficit k the canaries' scores are modelled as members
-  N(ρ·μ(σ/k), 1) against N(0, 1), where μ(σ) is the claimed run's GDP μ (exact at q = 1, μ = √T/σ, twice
-  that for replace-one; the central-limit μ = q√(T(e^{1/σ²} − 1)) for q < 1, Dong, Roth & Su 2022, Thm 3.6).
 
-One-run audits (:func:`one_run_deficit`) are predicted from the counts' distribution: for every guess
-count, the expected number of correct guesses of the two-sided guess rule on Gaussian scores, less
-z₀.₈ = 0.84 standard deviations (per run over √R when R pooled runs are combined, since Fisher's
-statistic adds the runs), is put through the audit's own decision (both tests, the same levels). One count
-refuting at its 20th percentile refutes with probability ≥ 0.8, so k* errs towards the larger deficit.
-Two-world audits (:func:`two_world_deficit`) simulate their runs' scores and run their own test. Either
-way k* is a model's prediction: benchmarks/results/power-check.md measures it against simulated audits
-through the same decision, and noise-deficit-power.md against real noise deficits in opacus-ghost.
+k* is predicted from the score distribution the claim implies for a Dirac canary (one that owns an input
+coordinate of a softmax regression): its score sums its clipped gradient over the steps Poisson sampling
+takes it in, B ~ Binomial(T, q) for a member, plus the noise of every step. Standardised by the
+non-members' spread, a member scores :math:`x \cdot B/(qT) + Z` and a non-member Z, with x the expected
+separation; under a deficit k the noise shrinks k-fold, so x = k·μ̂ grows linearly in k (at q = 1, B = T
+and this is the Gaussian shift k·μ̂). μ̂ is taken at its lower confidence limit (``measure_power`` states k*
+at ρ's lower limit, μ̂ = ρ_low·μ): a k* from the point estimate is caught less than 0.8 of the time
+whenever the estimate runs high. (The central-limit μ(σ/k) of a subsampled claim grows faster than
+linearly in k and stated k* caught 6–24 % of the time at q < 1.)
+
+One-run audits (:func:`one_run_deficit`): :func:`refuted_separation` simulates the audits' scores under the
+claim's q, T and pooled runs (fresh secret bits and participations, the same draws at every x), puts each
+through the audit's own decision (Steinke's test on the pooled counts, the curve test per run and
+combined, the guess grid and levels of the audit), and bisects for the least x that enough of them refute
+(:func:`_needed`: a true rate of 0.8 would reach it with probability ≤ 5 %). Detection depends on k only
+through x, so this runs once per configuration (about a second for the quick profile) and k* = x*/μ̂_low.
+Two-world audits (:func:`two_world_deficit`) simulate their runs' scores the same way and run their own test.
+The callers state k* only where this model has been checked against real noise deficits
+(benchmarks/results/kstar-validation.md: reference-dpsgd and opacus-ghost, q = 1 and q < 1); elsewhere it
+is ``None``, "not stated". benchmarks/results/power-check.md checks it against scores drawn from DP-SGD on
+Dirac canaries rather than from the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
 from dpverify.stats.bounds import steinke_refutes
 from dpverify.stats.curves import ClaimedRun, combined_refutes, curve_refutes
-from dpverify.stats.scoring import GuessRule, correct_counts
+from dpverify.stats.scoring import GuessRule, correct_counts, subsampled_gaussian_log_likelihood_ratio
 
-__all__ = ["AuditPower", "Separation", "gdp_mu", "judge", "measure_power", "one_run_deficit", "separation", "simulated_detection", "two_world_deficit"]
+__all__ = [
+    "AuditPower",
+    "Separation",
+    "audit_refutes",
+    "every_update_detection",
+    "gdp_mu",
+    "judge",
+    "measure_power",
+    "one_run_deficit",
+    "refuted_separation",
+    "separation",
+    "two_world_deficit",
+]
 
 #: The detection probability k* promises.
 POWER = 0.8
 #: The largest deficit looked for: an audit that cannot catch a 10× noise deficit could not see.
 LARGEST_DEFICIT = 10.0
-#: How precisely :func:`two_world_deficit`'s bisection locates k* (relative).
+#: How precisely the bisections locate k* (relative).
 _DEFICIT_TOLERANCE = 0.03
-_Z_POWER = float(special.ndtri(POWER))
 #: Simulated audits per deficit in :func:`two_world_deficit` (common random numbers across deficits).
 TWO_WORLD_SIMULATIONS = 40
+#: Simulated one-run audits behind a k*: as many as keep their scores within _SIMULATED_SCORES, between the
+#: two bounds (60 up to 10⁴ canaries; fewer ask for a larger share refuted, :func:`_needed`). Detection
+#: rises steeply with the separation (from 0.02 to 0.97 between 0.85·x* and x* at 4 × 2500 canaries), so
+#: the share asked for moves k* by about 1 %.
+_SIMULATED_SCORES = 600_000
+_MIN_SIMULATIONS, _MAX_SIMULATIONS = 40, 60
+#: The expected separations a one-run k* is searched between: below 0.1 no audit refutes a claim that adds
+#: noise, above 100 one that does not refute is blind.
+_SMALLEST_SEPARATION, _LARGEST_SEPARATION = 0.1, 100.0
 
 
 @dataclass(frozen=True)
@@ -83,7 +114,11 @@ def gdp_mu(run: ClaimedRun) -> float:
     if run.noise_multiplier == 0:
         return math.inf
     scale = 2.0 if run.relation == "replace_one" else 1.0
-    return scale * run.sampling_rate * math.sqrt(run.steps * math.expm1(run.noise_multiplier**-2))
+    try:
+        grown = math.expm1(run.noise_multiplier**-2)
+    except OverflowError:  # σ below about 0.038: e^{1/σ²} is past a float, and so is μ
+        return math.inf
+    return scale * run.sampling_rate * math.sqrt(run.steps * grown)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +128,8 @@ class AuditPower:
     ``claimed_mu`` is the claimed mechanism's GDP μ, ``measured_mu`` the members' separation μ̂ in the
     audit's scores and ``signal_fraction`` ρ = μ̂/μ with its interval (``signal_low``, ``signal_high``);
     ``smallest_deficit`` is k* (∞: no deficit up to :data:`LARGEST_DEFICIT` would be refuted with
-    probability :data:`POWER`). ``blind`` says why a pass could not see, or is ``None``.
+    probability :data:`POWER`; ``None``: not stated, the design has no validated model of its scores under
+    a deficit). ``blind`` says why a pass could not see, or is ``None``.
     """
 
     claimed_mu: float
@@ -101,14 +137,15 @@ class AuditPower:
     signal_fraction: float
     signal_low: float
     signal_high: float
-    smallest_deficit: float
+    smallest_deficit: float | None
     blind: str | None = None
 
     def to_dict(self) -> dict[str, float | str | None]:
-        """JSON-ready: a non-finite number is ``None`` (k* = ∞ reads "none up to LARGEST_DEFICIT")."""
+        """JSON-ready: a non-finite number is ``None`` (k* = ∞ reads "none up to LARGEST_DEFICIT" unless
+        ``deficit_stated`` is false)."""
 
-        def number(value: float) -> float | None:
-            return round(float(value), 4) if math.isfinite(value) else None
+        def number(value: float | None) -> float | None:
+            return round(float(value), 4) if value is not None and math.isfinite(value) else None
 
         return {
             "claimed_mu": number(self.claimed_mu),
@@ -116,44 +153,62 @@ class AuditPower:
             "signal_fraction": number(self.signal_fraction),
             "signal_interval": [number(self.signal_low), number(self.signal_high)],
             "smallest_deficit": number(self.smallest_deficit),
+            "deficit_stated": self.smallest_deficit is not None,
             "power": POWER,
             "largest_deficit": LARGEST_DEFICIT,
             "blind": self.blind,
         }
 
 
-def _deficit_mu(run: ClaimedRun, fraction: float) -> Callable[[float], float]:
-    """k ↦ the canaries' separation under a deficit k: ρ·μ(σ/k)."""
-    return lambda k: fraction * gdp_mu(run.with_noise(run.noise_multiplier / k))
+def _deficit(ratio: float) -> float:
+    """A deficit k as stated: at least 1 (the claimed noise itself), ∞ beyond :data:`LARGEST_DEFICIT`."""
+    return math.inf if not ratio <= LARGEST_DEFICIT else max(1.0, ratio)
 
 
-def _smallest(refuted: Callable[[float], bool]) -> float:
-    """The least k in [1, LARGEST_DEFICIT] with ``refuted(k)`` (monotone), by bisection in log k; ∞ when
-    even the largest is not refuted."""
-    if not refuted(LARGEST_DEFICIT):
+def _smallest(refuted: Callable[[float], bool], low: float, high: float, start: float | None = None) -> float:
+    """The least x in [``low``, ``high``] with ``refuted(x)`` (monotone), by bisection in log x to
+    :data:`_DEFICIT_TOLERANCE`, bracketed first by halving or doubling from ``start`` when given (fewer
+    calls when k* lies near it); ∞ when even ``high`` is not refuted."""
+    known: dict[float, bool] = {}
+
+    def test(x: float) -> bool:
+        if x not in known:
+            known[x] = bool(refuted(x))
+        return known[x]
+
+    if not test(high):
         return math.inf
-    low, high = 1.0, LARGEST_DEFICIT
-    if refuted(low):
+    if start is not None:
+        x = min(max(start, low), high)
+        if test(x):
+            while x > low and test(max(x / 2, low)):
+                x = max(x / 2, low)
+            low, high = max(x / 2, low), x
+        else:
+            while x < high and not test(min(2 * x, high)):
+                x = min(2 * x, high)
+            low, high = x, min(2 * x, high)
+    if test(low):
         return low
     while high / low > 1 + _DEFICIT_TOLERANCE:
         mid = math.sqrt(low * high)
-        low, high = (low, mid) if refuted(mid) else (mid, high)
+        low, high = (low, mid) if test(mid) else (mid, high)
     return high
 
 
-def _smallest_on_grids(refuted: Callable[[np.ndarray], np.ndarray]) -> float:
-    """:func:`_smallest` for a ``refuted`` that decides many k at once (one vectorised recursion costs about
-    what one k does): a log grid of 16 points on [1, LARGEST_DEFICIT], then 8 inside the bracketing step,
-    which locates k* to 2 %."""
-    grid = np.geomspace(1.0, LARGEST_DEFICIT, 16)
-    hits = refuted(grid)
-    if not hits[-1]:
-        return math.inf
-    first = int(np.argmax(hits))
-    if first == 0:
-        return 1.0
-    fine = np.geomspace(grid[first - 1], grid[first], 9)[1:]
-    return float(fine[int(np.argmax(np.append(refuted(fine[:-1]), True)))])
+def _needed(simulations: int) -> int:
+    """The least number of refuted audits out of ``simulations`` that a true detection rate of :data:`POWER`
+    reaches with probability at most 5 % (one-sided binomial): a k* read from it errs towards the larger
+    deficit."""
+    return int(stats.binom.ppf(0.95, simulations, POWER)) + 1
+
+
+def _participations(rng: np.random.Generator, run: ClaimedRun, shape) -> np.ndarray:
+    """How many of the claim's T steps each member took part in, over the expected number qT: Binomial(T, q)/qT
+    (1 at full batch)."""
+    if run.sampling_rate == 1:
+        return np.ones(shape)
+    return rng.binomial(run.steps, run.sampling_rate, size=shape) / (run.sampling_rate * run.steps)
 
 
 def one_run_deficit(
@@ -167,109 +222,110 @@ def one_run_deficit(
     confidences: tuple[float, float],
 ) -> float:
     """k* of a one-run audit (pooled runs of ``run_sizes`` canaries) whose canaries carry ``fraction`` of the
-    claimed signal: the audit's (ε, δ) test against ``claimed_epsilon`` and its curve test against ``run``'s
-    curve, at ``confidences`` (each before the guess grid's Bonferroni correction), on the counts at
-    their 20th percentile (module docstring)."""
+    claimed signal: the least deficit k at which the expected separation
+    k·ρ·μ reaches :func:`refuted_separation`'s. Detection depends on k only through that product, so the
+    simulation is run once per configuration."""
     if not fraction > 0 or run.noise_multiplier == 0:
         return math.inf
-    mu_at = _deficit_mu(run, fraction)
-    steinke, curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
-    total = int(sum(run_sizes))
-    counts = guess_rule.counts(total)
-    run_counts = guess_rule.run_counts(run_sizes)
-    sizes = np.asarray(run_sizes)[:, None]
-    curve = run.curve()
-
-    def refuted(deficits: np.ndarray) -> np.ndarray:
-        mu = np.array([mu_at(k) for k in deficits])[:, None]  # (J, 1) against the counts (K,)
-        mean, sd = _expected_correct(total, counts, mu, guess_rule.sides)
-        low = _percentile_counts(mean, sd, counts)
-        hits = np.any(steinke_refutes(total, counts, low, epsilon=claimed_epsilon, delta=delta, confidence=steinke), axis=1)
-        if hits.all():
-            return hits
-        if len(run_sizes) == 1:  # one run: the curve test reads the same counts
-            return hits | np.any(curve_refutes(total, counts, low, curve=curve, confidence=curve_level), axis=1)
-        mean, sd = _expected_correct(sizes, run_counts, mu[:, :, None], guess_rule.sides)  # (J, R, K)
-        low = _percentile_counts(mean, sd / math.sqrt(len(run_sizes)), run_counts)
-        runs, tries = run_counts.shape
-        flat = low.transpose(1, 0, 2).reshape(runs, -1)  # (R, J·K): every deficit's counts side by side
-        combined = combined_refutes(run_sizes, np.tile(run_counts, (1, len(deficits))), flat, curve=curve, confidence=curve_level)
-        return hits | np.any(combined.reshape(len(deficits), tries), axis=1)
-
-    return _smallest_on_grids(refuted)
+    needed = refuted_separation(
+        run,
+        run_sizes=tuple(int(m) for m in run_sizes),
+        guess_rule=guess_rule,
+        claimed_epsilon=float(claimed_epsilon),
+        delta=float(delta),
+        confidences=tuple(float(c) for c in confidences),
+    )
+    return _deficit(needed / (fraction * gdp_mu(run)))
 
 
-def simulated_detection(
+@functools.lru_cache(maxsize=256)
+def refuted_separation(
     run: ClaimedRun,
     *,
-    deficit: float,
     run_sizes: tuple[int, ...],
     guess_rule: GuessRule,
     claimed_epsilon: float,
     delta: float,
     confidences: tuple[float, float],
-    audits: int,
-    rng: np.random.Generator,
 ) -> float:
-    """The share of ``audits`` simulated one-run audits that the audit's own decision refutes when the full
-    batch ``run`` (exactly μ-GDP) adds σ/``deficit``: each pooled run draws fresh secret bits and scores,
-    members N(deficit·μ, 1) against N(0, 1), and guesses with ``guess_rule``; either test, at
-    ``confidences`` as :func:`one_run_deficit` takes them. What :func:`one_run_deficit` predicts is checked
-    against this (tests/test_power.py, benchmarks/power_check.py)."""
-    steinke, curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
-    total, run_counts, caught = int(sum(run_sizes)), guess_rule.run_counts(run_sizes), 0
-    counts = guess_rule.counts(total)
-    for _ in range(audits):
-        bits = [rng.choice(np.array([-1, 1], dtype=np.int8), size=m) for m in run_sizes]
-        scores = [rng.standard_normal(m) + deficit * run.mu * (b == 1) for m, b in zip(run_sizes, bits)]
-        correct = correct_counts(np.concatenate(scores), np.concatenate(bits), counts, sides=guess_rule.sides)
-        if np.any(steinke_refutes(total, counts, correct, epsilon=claimed_epsilon, delta=delta, confidence=steinke)):
-            caught += 1
-            continue
-        per_run = np.array([correct_counts(s, b, row, sides=guess_rule.sides) for s, b, row in zip(scores, bits, run_counts)])
-        if len(run_sizes) == 1:
-            refuted = curve_refutes(total, run_counts[0], per_run[0], curve=run.curve(), confidence=curve_level)
-        else:
-            refuted = combined_refutes(run_sizes, run_counts, per_run, curve=run.curve(), confidence=curve_level)
-        caught += bool(np.any(refuted))
-    return caught / audits
+    """The least expected separation x (members' mean score over the non-members' spread) at which the
+    audit's own decision refutes :data:`POWER` of its simulated audits, counted as :func:`_needed` says; ∞
+    beyond :data:`_LARGEST_SEPARATION`. Cached per configuration: one costs 2-3 s of CPU at the quick
+    profile's 4 × 2500 canaries, about 45 s at the standard profile's 100 × 2500."""
+    detection = _OneRunSimulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences)
+
+    def refuted(x: float) -> bool:
+        return detection.refuted(x) >= detection.needed
+
+    return _smallest(refuted, _SMALLEST_SEPARATION, _LARGEST_SEPARATION, start=min(gdp_mu(run), _LARGEST_SEPARATION))
 
 
-def _percentile_counts(mean: np.ndarray, sd: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The counts' 20th percentile (normal approximation), as integers in [0, count]."""
-    return np.clip(np.floor(mean - _Z_POWER * sd), 0, counts).astype(np.int64)
+class _OneRunSimulation:
+    """Simulated one-run audits of a Dirac canary's scores under the claim's sampling (module docstring),
+    drawn once and rescaled for every separation x (common random numbers), decided by the audit's own
+    tests at the audit's levels. Seeded, so that a configuration always states the same k*."""
+
+    def __init__(self, run, run_sizes, guess_rule, claimed_epsilon, delta, confidences):
+        total = int(sum(run_sizes))
+        self.simulations = int(np.clip(_SIMULATED_SCORES // total, _MIN_SIMULATIONS, _MAX_SIMULATIONS))
+        self.needed = _needed(self.simulations)
+        rng = np.random.default_rng(0)
+        shape = (self.simulations, total)
+        self.member = rng.integers(0, 2, size=shape, dtype=np.int8) == 1
+        self.shift = np.where(self.member, _participations(rng, run, shape), 0.0)
+        self.noise = rng.standard_normal(shape)
+        self.run_sizes, self.guess_rule, self.curve = run_sizes, guess_rule, run.curve()
+        self.epsilon, self.delta = claimed_epsilon, delta
+        self.steinke, self.curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
+        self.counts, self.run_counts = guess_rule.counts(total), guess_rule.run_counts(run_sizes)
+        self.run = np.broadcast_to(np.repeat(np.arange(len(run_sizes), dtype=np.int16), run_sizes), shape)
+        self.edges = np.cumsum((0, *run_sizes))
+
+    def refuted(self, separation: float) -> int:
+        """How many simulated audits either test refutes at expected separation ``separation`` (the
+        curve test is skipped once the (ε, δ) test alone decides against :attr:`needed`)."""
+        order = np.argsort(-(self.noise + separation * self.shift), axis=1, kind="stable")
+        ranked, runs = np.take_along_axis(self.member, order, axis=1), np.take_along_axis(self.run, order, axis=1)
+        total = ranked.shape[1]
+        correct = _correct_counts(ranked, self.counts, self.guess_rule.sides)  # (S, K)
+        hits = np.any(
+            steinke_refutes(total, self.counts, correct, epsilon=self.epsilon, delta=self.delta, confidence=self.steinke),
+            axis=1,
+        )
+        left = np.flatnonzero(~hits)
+        if hits.sum() >= self.needed or hits.sum() + left.size < self.needed:
+            return int(hits.sum())
+        if len(self.run_sizes) == 1:  # one run: the curve test reads the same counts
+            refuted = curve_refutes(total, self.counts, correct[left], curve=self.curve, confidence=self.curve_level)
+            return int(hits.sum() + np.any(refuted, axis=1).sum())
+        # Each run's ranking is the pooled one restricted to its canaries: a stable sort by run keeps it.
+        by_run = np.take_along_axis(ranked[left], np.argsort(runs[left], axis=1, kind="stable"), axis=1)
+        per_run = np.stack(
+            [
+                _correct_counts(by_run[:, a:b], row, self.guess_rule.sides)
+                for a, b, row in zip(self.edges[:-1], self.edges[1:], self.run_counts)
+            ]
+        )  # (R, S', K)
+        combined = combined_refutes(
+            self.run_sizes,
+            np.tile(self.run_counts, (1, left.size)),
+            per_run.reshape(len(self.run_sizes), -1),
+            curve=self.curve,
+            confidence=self.curve_level,
+        )
+        return int(hits.sum() + np.any(combined.reshape(left.size, -1), axis=1).sum())
 
 
-def _expected_correct(m, counts, mu: float, sides: str) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation of the correct guesses among ``counts`` guesses on ``m`` canaries, half
-    of them members scored N(μ, 1) and the rest N(0, 1): ⌈count/2⌉ "member" guesses on the top scores
-    (``sides="one"``: all of them) and the rest "non-member" guesses on the bottom ones, each end's
-    precision read at the score threshold that yields its share of guesses."""
-    m = np.asarray(m, dtype=float)
-    counts = np.asarray(counts, dtype=float)
-    top = counts if sides == "one" else np.ceil(counts / 2)
-    bottom = counts - top
-    # Top end: threshold t with m(Φ̄(t−μ) + Φ̄(t))/2 = top; members above it m·Φ̄(t−μ)/2.
-    t = _threshold(lambda x: (special.ndtr(mu - x) + special.ndtr(-x)) / 2, top / m)
-    precision_top = np.where(top > 0, m * special.ndtr(mu - t) / 2 / np.maximum(top, 1), 0.0)
-    # Bottom end: threshold u with m(Φ(u−μ) + Φ(u))/2 = bottom; non-members below it m·Φ(u)/2.
-    u = -_threshold(lambda x: (special.ndtr(-x - mu) + special.ndtr(-x)) / 2, bottom / m)
-    precision_bottom = np.where(bottom > 0, m * special.ndtr(u) / 2 / np.maximum(bottom, 1), 0.0)
-    precision_top, precision_bottom = np.clip(precision_top, 0, 1), np.clip(precision_bottom, 0, 1)
-    mean = top * precision_top + bottom * precision_bottom
-    variance = top * precision_top * (1 - precision_top) + bottom * precision_bottom * (1 - precision_bottom)
-    return mean, np.sqrt(variance)
-
-
-def _threshold(tail: Callable[[np.ndarray], np.ndarray], share: np.ndarray) -> np.ndarray:
-    """x with ``tail(x)`` = ``share`` for a decreasing ``tail``, by vectorised bisection."""
-    share = np.asarray(share, dtype=float)
-    low, high = np.full(share.shape, -40.0), np.full(share.shape, 40.0)
-    for _ in range(80):
-        mid = (low + high) / 2
-        above = tail(mid) > share
-        low, high = np.where(above, mid, low), np.where(above, high, mid)
-    return (low + high) / 2
+def _correct_counts(ranked: np.ndarray, counts: np.ndarray, sides: str) -> np.ndarray:
+    """:func:`~dpverify.stats.scoring.correct_counts` for every row at once, from the secret bits ranked by
+    score (``ranked``: member or not, highest score first): the ⌈count/2⌉ highest guessed members and the
+    ⌊count/2⌋ lowest non-members (``sides="one"``: the ``count`` highest)."""
+    zero = np.zeros((ranked.shape[0], 1), dtype=np.int64)
+    top = np.concatenate([zero, np.cumsum(ranked, axis=1)], axis=1)
+    bottom = np.concatenate([zero, np.cumsum(~ranked[:, ::-1], axis=1)], axis=1)
+    counts = np.asarray(counts, dtype=np.int64)
+    positives = counts if sides == "one" else (counts + 1) // 2
+    return top[:, positives] + bottom[:, counts - positives]
 
 
 def two_world_deficit(
@@ -281,26 +337,27 @@ def two_world_deficit(
     seed: int,
 ) -> float:
     """k* of a two-world audit of ``runs`` runs per world of the claimed ``run`` whose scores carry
-    ``fraction`` of its signal: the least deficit at which :data:`POWER` of :data:`TWO_WORLD_SIMULATIONS`
-    simulated audits (D scores N(0, 1), D′ scores N(ρ·μ(σ/k), 1), the same draws at every k) are refuted
-    by ``refutes(scores_d, scores_dprime)``, the audit's own test."""
+    ``fraction`` of its signal: the least deficit at which the audit's
+    own test ``refutes(scores_d, scores_dprime)`` refutes enough of :data:`TWO_WORLD_SIMULATIONS` simulated
+    audits (:func:`_needed`): D scores N(0, 1), D′ scores N(k·ρ·μ·B/(qT), 1) with B ~ Binomial(T, q) the
+    record's participations, the same draws at every k."""
     if not fraction > 0 or run.noise_multiplier == 0:
         return math.inf
-    mu_at = _deficit_mu(run, fraction)
+    separation = fraction * gdp_mu(run)
     rng = np.random.default_rng(seed)
     null = rng.standard_normal((TWO_WORLD_SIMULATIONS, 2, runs))
-    needed = math.ceil(POWER * TWO_WORLD_SIMULATIONS)
+    shift = _participations(rng, run, (TWO_WORLD_SIMULATIONS, runs))
+    needed = _needed(TWO_WORLD_SIMULATIONS)
 
     def refuted(k: float) -> bool:
-        shift = mu_at(k)
         hits = 0
-        for index, (d, dprime) in enumerate(null):
-            hits += refutes(d, dprime + shift)
+        for index, ((d, dprime), participations) in enumerate(zip(null, shift)):
+            hits += refutes(d, dprime + k * separation * participations)
             if hits >= needed or hits + TWO_WORLD_SIMULATIONS - index - 1 < needed:
                 break
         return hits >= needed
 
-    return _smallest(refuted)
+    return _smallest(refuted, 1.0, LARGEST_DEFICIT)
 
 
 def measure_power(
@@ -312,21 +369,27 @@ def measure_power(
     expected_signal: float | None = None,
     either_direction: bool = False,
     not_designated: str | None = None,
+    deficit_stated: bool = True,
 ) -> AuditPower:
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
-    :func:`separation`, k* = ``smallest_deficit(ρ)``, and why a pass could not see (``blind``): the scores
-    do not separate at all; ρ's whole interval lies below ``expected_signal`` (what the design carries in a
-    correct implementation; ``None``: not known for this design); or it would catch no deficit up to
-    :data:`LARGEST_DEFICIT`. ``either_direction``: the test reads the
+    :func:`separation`; k* at ρ's lower limit, ``smallest_deficit(ρ)``·ρ/ρ_low (detection depends on k only
+    through k·ρ, so this is k* of the lower limit; a k* of 1 there scales up, erring larger); and why a
+    pass could not see (``blind``): the scores do not separate at all; ρ's whole interval lies below
+    ``expected_signal`` (what the design carries in a correct implementation; ``None``: not known for this
+    design); or it would catch no deficit up to
+    :data:`LARGEST_DEFICIT` at the measured ρ (the lower limit may state none where the pass still saw:
+    a k* is a promise, blindness a finding). ``either_direction``: the test reads the
     scores either way up (a two-world threshold picks its direction), so ρ is the separation's size.
     ``not_designated``: the black box showed it is not the designated model (why), which blinds the audit
-    whatever ρ."""
+    whatever ρ. ``deficit_stated`` false: the design's scores under a deficit are not those of the model,
+    so a finite k* is not stated (``None``); one that sees no deficit at all still blinds the pass."""
     mu = gdp_mu(run)
     measured = separation(scores, membership)
     if either_direction and measured.mu < 0:
         measured = Separation(-measured.mu, -measured.high, -measured.low)
     fraction, low, high = (value / mu if mu > 0 else math.nan for value in (measured.mu, measured.low, measured.high))
     deficit = smallest_deficit(fraction) if math.isfinite(fraction) else math.inf
+    promised = _deficit(deficit * fraction / low) if low > 0 and math.isfinite(deficit) else math.inf
     carried = f"its canaries carried {fraction:.0%} of the claimed signal (95% interval {low:.0%} to {high:.0%})"
     if not_designated:
         blind = f"{not_designated} ({carried})"
@@ -348,7 +411,7 @@ def measure_power(
         signal_fraction=fraction,
         signal_low=low,
         signal_high=high,
-        smallest_deficit=deficit,
+        smallest_deficit=promised if deficit_stated or math.isinf(promised) else None,
         blind=blind,
     )
 
@@ -361,3 +424,69 @@ def judge(verdict: str, power: AuditPower | None) -> tuple[str, AuditPower | Non
     if verdict == "pass":
         return "undecided", power
     return verdict, dataclasses.replace(power, blind=None)
+
+
+def every_update_detection(
+    claim: ClaimedRun,
+    *,
+    truth: ClaimedRun,
+    run_sizes: tuple[int, ...],
+    guess_rule: GuessRule,
+    delta: float,
+    confidences: tuple[float, float],
+    audits: int,
+    rng: np.random.Generator,
+) -> float:
+    """The share of ``audits`` simulated every-update audits of Dirac canaries that the audit's own decision
+    refutes when the run ``claim`` states was in fact ``truth`` (its σ, q and steps): every canary of each
+    pooled run gets a fresh secret bit, and at each of truth's steps a member is sampled with truth's q
+    and shows s_t = 1{sampled} + σ·Z (c_t = 1: a clipped Dirac canary's whole gradient on its column, up to
+    a/√(a² + 1)), scored by its log-likelihood ratio under ``claim``
+    (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`) and tested against ``claim``'s
+    ε at ``delta`` and its curve. With ``truth == claim`` the scores come from exactly the claimed
+    mechanism: the null simulation of design rule 9."""
+    caught, claimed_epsilon = 0, claim.epsilon(delta)
+    for _ in range(audits):
+        bits = [rng.choice(np.array([-1, 1], dtype=np.int8), size=m) for m in run_sizes]
+        scores = []
+        for m, b in zip(run_sizes, bits):
+            sampled = (rng.random((m, truth.steps)) < truth.sampling_rate) & (b == 1)[:, None]
+            shown = sampled + truth.noise_multiplier * rng.standard_normal((m, truth.steps))
+            scores.append(
+                subsampled_gaussian_log_likelihood_ratio(
+                    np.ones_like(shown), shown, noise_multiplier=claim.noise_multiplier, sampling_rate=claim.sampling_rate
+                )
+            )
+        caught += audit_refutes(
+            scores, bits, claim, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+        )
+    return caught / audits
+
+
+def audit_refutes(
+    scores: list[np.ndarray],
+    bits: list[np.ndarray],
+    run: ClaimedRun,
+    *,
+    guess_rule: GuessRule,
+    claimed_epsilon: float,
+    delta: float,
+    confidences: tuple[float, float],
+) -> bool:
+    """The one-run audit's decision on each pooled run's ``scores`` and secret ``bits``: the (ε, δ) test
+    against ``claimed_epsilon`` on all of them, else the curve test of ``run`` (the runs' counts combined),
+    at ``confidences`` as :func:`one_run_deficit` takes them; the decision alone, without the search for
+    the weakest refuted member that the audit reports beside it."""
+    steinke, curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
+    run_sizes = tuple(len(s) for s in scores)
+    total, run_counts = int(sum(run_sizes)), guess_rule.run_counts(run_sizes)
+    counts = guess_rule.counts(total)
+    correct = correct_counts(np.concatenate(scores), np.concatenate(bits), counts, sides=guess_rule.sides)
+    if np.any(steinke_refutes(total, counts, correct, epsilon=claimed_epsilon, delta=delta, confidence=steinke)):
+        return True
+    per_run = np.array([correct_counts(s, b, row, sides=guess_rule.sides) for s, b, row in zip(scores, bits, run_counts)])
+    if len(run_sizes) == 1:
+        refuted = curve_refutes(total, run_counts[0], per_run[0], curve=run.curve(), confidence=curve_level)
+    else:
+        refuted = combined_refutes(run_sizes, run_counts, per_run, curve=run.curve(), confidence=curve_level)
+    return bool(np.any(refuted))

@@ -138,3 +138,32 @@ class GuessRule:
 
     def corrected_confidence(self, confidence: float) -> float:
         return 1.0 - (1.0 - confidence) / self.tries
+
+
+def subsampled_gaussian_log_likelihood_ratio(
+    signal: np.ndarray, projection: np.ndarray, *, noise_multiplier: float, sampling_rate: float
+) -> np.ndarray:
+    r"""Per canary (rows), the log-likelihood ratio of "member" against "non-member" from every step
+    (columns) of a Poisson-subsampled Gaussian mechanism:
+
+    .. math::
+
+        \Lambda = \sum_t \log\big(1 - q + q\, e^{(c_t s_t - c_t^2/2)/\sigma^2}\big),
+
+    where ``projection`` s_t is the step's released noisy sum projected on the canary's clipped gradient
+    direction, in clip norms, and ``signal`` c_t that gradient's norm in clip norms (known before the
+    step). A member enters each step with probability q, so s_t ~ (1 − q)·N(0, σ²) + q·N(c_t, σ²); a
+    non-member's s_t ~ N(0, σ²). By Neyman–Pearson, Λ is the most powerful score against the claimed
+    mechanism; any score keeps the audit sound, so a wrong σ or q here costs power only. σ = 0: the
+    linear statistic Σ c_t s_t (no noise, no privacy to weigh)."""
+    signal, projection = np.asarray(signal, dtype=np.float64), np.asarray(projection, dtype=np.float64)
+    if signal.shape != projection.shape:
+        raise ValueError(f"signal and projection must have one shape, got {signal.shape} and {projection.shape}")
+    check_real("noise_multiplier", noise_multiplier, low=0.0)
+    check_real("sampling_rate", sampling_rate, low=0.0, high=1.0, low_open=True)
+    if noise_multiplier == 0:
+        return np.sum(signal * projection, axis=-1)
+    exponent = (signal * projection - signal**2 / 2) / noise_multiplier**2
+    if sampling_rate == 1:
+        return np.sum(exponent, axis=-1)
+    return np.sum(np.logaddexp(np.log1p(-sampling_rate), np.log(sampling_rate) + exponent), axis=-1)

@@ -248,6 +248,18 @@ def _batch_size(request: TrainingRequest, accumulation: int) -> int:
     return batch_size
 
 
+def _microbatch_size(batch_size: int, *, padded: bool) -> int:
+    """``clipped_grad``'s ``microbatch_size``, which must divide the batch: the core path's (at most the batch)
+    for padded Poisson batches; for a fixed batch, which is not padded, its largest divisor up to it. Taking
+    a fixed batch whole (``None``) was 9× slower: 3 steps of B = 1250 (d = 2500, 10 classes) took 131 s whole,
+    14.7 s by 125 and 12.6 s for B = 1249 by 1 (a prime: one record at a time), on the 2-core CPU at load 13
+    (2026-11-27)."""
+    size = min(MICROBATCH, batch_size)
+    if padded:
+        return size
+    return max(divisor for divisor in range(1, size + 1) if batch_size % divisor == 0)
+
+
 def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRun:
     """Train the designated model through JAX-Privacy's Keras API as ``call`` says, with the DP step
     ``kind``; its black box and the library's claim."""
@@ -264,7 +276,7 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     dp = dict(
         delta=hp.delta, clipping_norm=float(hp.max_grad_norm), batch_size=batch_size, gradient_accumulation_steps=k,
         train_steps=physical_steps, train_size=n, poisson_sampling_in_fit=not call.fixed_batches,
-        microbatch_size=min(MICROBATCH, batch_size),
+        microbatch_size=_microbatch_size(batch_size, padded=not call.fixed_batches),
     )
     epsilon = hp.target_epsilon
     sigma = hp.noise_multiplier

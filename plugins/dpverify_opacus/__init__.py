@@ -194,6 +194,10 @@ def _info(name: str, **fields: Any) -> ImplementationInfo:
     return ImplementationInfo(name=name, library="opacus", requires=_REQUIRES, extra="opacus", **fields)
 
 
+#: The layer designs both grad_sample_modes train (:class:`dpverify.contract.LayerArchitecture`).
+LAYERS = ("embedding", "linear_3d", "layer_norm")
+
+
 def _missing_path(name: str, grad_sample_mode: str) -> str | None:
     """``n/a: <why>`` when the installed release has no ``grad_sample_mode`` path, else ``None``."""
     from importlib import metadata
@@ -208,9 +212,12 @@ def _missing_path(name: str, grad_sample_mode: str) -> str | None:
 def _correct(
     name: str, mode: str, notes: str, *, kind: type[OpacusImplementation] = OpacusImplementation, **fields: Any
 ) -> OpacusImplementation:
-    """A correct path; in ghost mode, a known issue on the releases where one holds (:mod:`._releases`)."""
+    """A correct path (a classification one also trains the layer designs); in ghost mode, a known issue on
+    the releases where one holds (:mod:`._releases`)."""
     from dpverify_opacus._releases import ghost_finding, installed_version
 
+    if kind is OpacusImplementation:
+        fields.setdefault("layers", LAYERS)
     finding = ghost_finding(installed_version()) if mode == "ghost" else None
     if finding is not None:
         fields.update(expected="known-issue", issue=finding.issue)
@@ -231,6 +238,7 @@ class VariantSpec:
     tweak_args: Mapping[str, Any] = field(default_factory=dict)
     grad_sample_mode: str = "ghost"
     task: str = "classification"
+    layers: tuple[str, ...] = ()
 
     def build(self) -> OpacusImplementation:
         info = _info(
@@ -241,6 +249,7 @@ class VariantSpec:
             detectability=self.detectability,  # type: ignore[arg-type]
             notes=self.notes,
             task=self.task,
+            layers=self.layers,
         )
         kind = OpacusLanguageImplementation if self.task == "language" else OpacusImplementation
         return kind(info, grad_sample_mode=self.grad_sample_mode, tweak=self.tweak, tweak_args=self.tweak_args)
@@ -331,6 +340,17 @@ VARIANTS: tuple[VariantSpec, ...] = (
         "D3, the weaker end of D2–D3",
     ),
     VariantSpec(
+        name="opacus-accountant-rate",
+        bug=8,
+        tweak="accountant_rate",
+        tweak_args={"factor": 4},
+        breaks="the accountant must be given the rate the batches are sampled at; here it is told q/4",
+        detectability="D3",
+        notes="the accountant's optimizer step hook records q/4 (jax_privacy #287: q read from the physical "
+        "batch of 4 accumulation steps), and a target ε is calibrated at q/4; at q = 1 the one-run audit sees "
+        "a claim for q = 1/4, at q < 1 the every-update audit tests the claim's own subsampled curve",
+    ),
+    VariantSpec(
         name="opacus-replace-one-claim",
         bug=10,
         tweak="replace_one_claim",
@@ -357,6 +377,47 @@ VARIANTS: tuple[VariantSpec, ...] = (
         breaks="noise must be fresh at every step; here the same noise vector is added at every step",
         detectability="D4",
         notes="the noise generator is reseeded before each DPOptimizer.add_noise; D4, the weaker end of D3–D4",
+    ),
+    *(
+        VariantSpec(
+            name=f"opacus-ghost-{name}-norm",
+            bug=2,
+            tweak="undercounting_norm",
+            tweak_args={"layer": layer},
+            breaks=f"each record's gradient must be clipped by its whole norm; here {breaks}",
+            detectability="D2",
+            notes=f"{how}; invisible to softmax regression (one Linear on 2-D input)",
+            layers=(layer,),
+        )
+        for name, layer, breaks, how in (
+            (
+                "embedding",
+                "embedding",
+                "ghost clipping's Embedding norm takes a token repeated within a record as separate rows, "
+                "√(Σ_t |g_t|²), so a record of T equal tokens is clipped at √T·C",
+                "Opacus' own Embedding norm sampler with each position's token offset to a token of its own, in the "
+                "run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the embedding layer "
+                "design (16 positions: sensitivity 4C)",
+            ),
+            (
+                "linear-bias",
+                "linear_3d",
+                "ghost clipping's Linear bias norm on a 3-D input is its 2-D formula, √(Σ_t |g_t|²), not the norm "
+                "of the gradient summed over positions (Opacus #751)",
+                "Opacus' own Linear norm sampler with the bias entry replaced, in the run's copy of "
+                "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (9 "
+                "positions, input 0.125: sensitivity 2.8C)",
+            ),
+            (
+                "layer-norm",
+                "layer_norm",
+                "fast gradient clipping's LayerNorm per-record gradients (whose norms it clips by) average over "
+                "the positions instead of summing them",
+                "Opacus' own LayerNorm grad sampler divided by the positions, in the run's copy of "
+                "GradSampleModuleFastGradientClipping.GRAD_SAMPLERS (ghost mode has no LayerNorm norm sampler; "
+                "it takes norms of these); seen by the layer_norm design (4 positions: sensitivity 4C)",
+            ),
+        )
     ),
 )
 

@@ -91,6 +91,10 @@ class Tweak:
         """The step count the noise multiplier is calibrated for when a target ε is given."""
         return steps
 
+    def calibration_rate(self, rate: float) -> float:
+        """The sampling rate the noise multiplier is calibrated for when a target ε is given."""
+        return rate
+
     def data_loader(
         self, tensors: tuple[torch.Tensor, ...], *, steps_per_epoch: int, generator: torch.Generator
     ) -> DataLoader:
@@ -187,7 +191,7 @@ def noise_multiplier_for(request: TrainingRequest, tweak: Tweak, sample_rate: fl
             get_noise_multiplier(
                 target_epsilon=hp.target_epsilon,
                 target_delta=hp.delta,
-                sample_rate=sample_rate,
+                sample_rate=tweak.calibration_rate(sample_rate),
                 steps=tweak.calibration_steps(hp.steps),
                 accountant="rdp",
                 epsilon_tolerance=0.005 * hp.target_epsilon,

@@ -17,6 +17,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from opacus.grad_sample.embedding import compute_embedding_norm_sample
+from opacus.grad_sample.layer_norm import compute_layer_norm_grad_sample
+from opacus.grad_sample.linear import compute_linear_norm_sample
+
 from dpverify.torch import MultiTaskMLP
 from dpverify_opacus._training import OpacusRun, Tweak, mix_into
 
@@ -292,6 +296,27 @@ class AccountantSkipsSteps(Tweak):
         run.optimizer.attach_step_hook(every_kth_step)
 
 
+class AccountantUnderstatesRate(Tweak):
+    """Row 8: the accountant is told a sampling rate ``factor`` times too small (jax_privacy #287: q read
+    from the physical batch under gradient accumulation); a target ε is calibrated at that rate too."""
+
+    def __init__(self, factor: int = 4):
+        if factor < 2:
+            raise ValueError(f"factor must be >= 2, got {factor}")
+        self.factor = factor
+
+    def calibration_rate(self, rate: float) -> float:
+        return rate / self.factor
+
+    def apply(self, run: OpacusRun) -> None:
+        accountant, rate = run.engine.accountant, self.calibration_rate(1.0 / run.steps_per_epoch)
+
+        def understated_rate(optimizer):
+            accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=rate)
+
+        run.optimizer.attach_step_hook(understated_rate)
+
+
 class ShuffledBatches(Tweak):
     """Opacus' documented ``make_private(poisson_sampling=False)`` on a user's
     ``DataLoader(dataset, batch_size=B, shuffle=True)`` with B = ⌈N/k⌉ for k = 1/q batches an epoch (the
@@ -359,6 +384,66 @@ class ReusedNoise(Tweak):
         mix_into(run.optimizer, reused_noise, dpverify_noise_seed=self.seed)
 
 
+def positions_as_rows_embedding(layer: nn.Embedding, activations, backprops):
+    """Opacus' own Embedding norm sampler, given each position's token as a token of its own (the id offset
+    by position × vocabulary), so that a token repeated within a record is not grouped: the record's norm
+    becomes √(Σ_t |g_t|²) instead of the norm of its row's summed gradient (the kind of per-layer formula bug
+    private-transformers and Opacus' norm samplers have had)."""
+    input_ids = activations[0].reshape(activations[0].shape[0], -1)
+    offsets = torch.arange(input_ids.shape[1], device=input_ids.device) * layer.num_embeddings
+    return compute_embedding_norm_sample(layer, [input_ids + offsets], backprops)
+
+
+def positions_as_rows_linear_bias(layer: nn.Linear, activations, backprops):
+    """Opacus' own Linear norm sampler, with the bias's norm on a 3-D input taken by its 2-D formula,
+    √(Σ_t |g_t|²), instead of the norm of the gradient summed over the positions: Opacus #751's wrong
+    bias norm. The weight's norm is the library's."""
+    norms = compute_linear_norm_sample(layer, activations, backprops)
+    if backprops.dim() == 3 and layer.bias is not None and layer.bias.requires_grad:
+        norms[layer.bias] = torch.sqrt(torch.einsum("n...i,n...i->n", backprops, backprops))
+    return norms
+
+
+def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
+    """Opacus' own LayerNorm grad sampler, its per-record gradients averaged over the positions instead of
+    summed (what fast gradient clipping takes the norms of, where no norm sampler is registered)."""
+    grads = compute_layer_norm_grad_sample(layer, activations, backprops)
+    positions = backprops[0].numel() // max(1, layer.weight.numel())
+    return {param: grad / positions for param, grad in grads.items()}
+
+
+#: The formula-breaking samplers by layer design: the registry of Opacus' ghost-clipping module they replace
+#: an entry of, the layer type, and the sampler.
+UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[str, type, Callable]] = {
+    "embedding": ("NORM_SAMPLERS", nn.Embedding, positions_as_rows_embedding),
+    "linear_3d": ("NORM_SAMPLERS", nn.Linear, positions_as_rows_linear_bias),
+    "layer_norm": ("GRAD_SAMPLERS", nn.LayerNorm, positions_averaged_layer_norm),
+}
+
+
+class UndercountingNormSampler(Tweak):
+    """Row 2 for one layer type: ghost clipping's per-layer norm formula for ``layer`` takes a record's
+    sequence positions as separate rows or averages them (:data:`UNDERCOUNTING_NORM_SAMPLERS`), so it states
+    too small a norm and the record is clipped too weakly; the real gradient is still the whole one. The
+    run's ghost-clipping module gets its own copy of Opacus' ``NORM_SAMPLERS`` (or, for a layer without a
+    norm sampler, ``GRAD_SAMPLERS``) registry with the one entry replaced (the class's registry, shared by
+    every other run, is left alone)."""
+
+    supported_modes = ("ghost",)
+
+    def __init__(self, layer: str):
+        if layer not in UNDERCOUNTING_NORM_SAMPLERS:
+            raise ValueError(f"layer must be one of {', '.join(UNDERCOUNTING_NORM_SAMPLERS)}, got {layer!r}")
+        self.layer = layer
+
+    def apply(self, run: OpacusRun) -> None:
+        registry_name, layer_type, sampler = UNDERCOUNTING_NORM_SAMPLERS[self.layer]
+        registry = getattr(type(run.module), registry_name)
+        if layer_type not in registry:
+            raise RuntimeError(f"{run.name}: this Opacus has no {registry_name} entry for {layer_type.__name__}")
+        setattr(run.module, registry_name, {**registry, layer_type: sampler})
+
+
 TWEAKS: dict[str, type[Tweak]] = {
     "scaled_noise": ScaledNoise,
     "no_clipping": NoClipping,
@@ -370,10 +455,12 @@ TWEAKS: dict[str, type[Tweak]] = {
     "duplicated_rows": DuplicatedRows,
     "realised_batch": RealisedBatchNormalisation,
     "accountant_steps": AccountantSkipsSteps,
+    "accountant_rate": AccountantUnderstatesRate,
     "shuffled_batches": ShuffledBatches,
     "replace_one_claim": ReplaceOneClaim,
     "microbatches": Microbatches,
     "reused_noise": ReusedNoise,
+    "undercounting_norm": UndercountingNormSampler,
 }
 
 

@@ -55,7 +55,8 @@ _NOTES = (
 
 _FAST_NOTES = (
     "tensorflow_privacy.privacy.keras_models.dp_keras_model.make_dp_model_class(tf.keras.Model) with the "
-    "fast-clipping layer registry (make_default_layer_registry: Dense, Embedding), use_xla=False, "
+    "fast-clipping layer registry (make_default_layer_registry: Dense, Embedding; with TF-Privacy's own "
+    "LayerNormalization function inserted for the layer_norm design), use_xla=False, "
     "num_microbatches=None, compiled with legacy SGD and a mean-reduced per-record loss; its train_step "
     "takes the fast path: per-record gradient norms from the Dense layers' inputs and output gradients "
     "(ghost norms), the loss reweighted by C / max(C, norm), noise N(0, (σC/B)²) on the mean of clipped rows "
@@ -160,6 +161,25 @@ _VARIANTS = (
      "rescaled, so the noisy sum is divided by the realised batch size B_t."),
 )
 
+#: The layer designs TF-Privacy's fast clipping trains (its registry's Dense, Embedding, LayerNormalization).
+_LAYERS = ("embedding", "linear_3d", "layer_norm")
+
+#: The variants whose fast-clipping registry function for one layer undercounts its records' norms (bugs.md
+#: row 2 for that layer, D2): (name, step, layer, how it is built). Only their layer design audits them.
+_LAYER_VARIANTS = (
+    ("tf-privacy-fast-clipping-embedding-norm", "embedding_norm", "embedding",
+     "The registry's Embedding function (TF-Privacy's own) takes its norm with embedding_sqr_norm_fn given each "
+     "position's id as a token of its own, so a token repeated within a record is not grouped: √(Σ_t |g_t|²); "
+     "the embedding design's 16 equal positions make the sensitivity 4C."),
+    ("tf-privacy-fast-clipping-linear-bias-norm", "linear_bias_norm", "linear_3d",
+     "The registry's Dense function (TF-Privacy's own) takes the bias norm on a 3-D input by its 2-D formula, "
+     "Σ_t |g_t|² (Opacus #751's bug), the kernel's by the library's einsum formula: sensitivity 2.8C in the "
+     "linear_3d design."),
+    ("tf-privacy-fast-clipping-layer-norm-norm", "layer_norm_norm", "layer_norm",
+     "The registry's LayerNormalization function (TF-Privacy's own) averages the per-record gradient over the "
+     "positions: its squared norm divided by T², sensitivity 4C in the layer_norm design."),
+)
+
 
 def _variant(name: str, path: str, step: str, bug: int, detectability: str, how: str) -> TFPrivacyKeras:
     info = ImplementationInfo(
@@ -173,6 +193,21 @@ def _variant(name: str, path: str, step: str, bug: int, detectability: str, how:
     )
     # Row 7 is the correct step without the rescale to the public normaliser (see _NOTES).
     return TFPrivacyKeras(info, step, path=path, realised_normaliser=bug == 7)
+
+
+def _layer_variant(name: str, step: str, layer: str, how: str) -> TFPrivacyKeras:
+    info = ImplementationInfo(
+        name=name,
+        expected="violation",
+        breaks="each record's gradient must be clipped by its whole norm; here fast clipping's norm formula for "
+        "one layer type states too little, so its records are clipped too weakly",
+        bug=2,
+        detectability="D2",
+        notes=f"{how} The claim is the correct run's. " + _FAST_NOTES,
+        layers=(layer,),
+        **_LIBRARY,
+    )
+    return TFPrivacyKeras(info, step, path="fast_clipping")
 
 
 _FIXED_BATCH_NOTES = (
@@ -200,11 +235,11 @@ def implementations() -> list[Implementation]:
     return [
         TFPrivacyKeras(ImplementationInfo(name="tf-privacy-keras", notes=_NOTES, **_LIBRARY), "correct"),
         TFPrivacyKeras(
-            ImplementationInfo(name="tf-privacy-fast-clipping", notes=_FAST_NOTES, **_LIBRARY),
+            ImplementationInfo(name="tf-privacy-fast-clipping", notes=_FAST_NOTES, layers=_LAYERS, **_LIBRARY),
             "correct",
             path="fast_clipping",
         ),
-    ] + [_variant(*row) for row in _VARIANTS] + [
+    ] + [_variant(*row) for row in _VARIANTS] + [_layer_variant(*row) for row in _LAYER_VARIANTS] + [
         TFPrivacyKeras(
             ImplementationInfo(
                 name="tf-privacy-keras-fixed-batches",

@@ -27,7 +27,13 @@ from dpverify_tfprivacy import _keras  # first: tensorflow without its CUDA-fact
 
 import tensorflow as tf  # noqa: E402
 from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry  # noqa: E402
-from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import dense  # noqa: E402
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import (  # noqa: E402
+    dense,
+    einsum_utils,
+    embedding,
+    layer_normalization,
+    registry_function_utils,
+)
 from tensorflow_privacy.privacy.keras_models import dp_keras_model  # noqa: E402
 
 from dpverify.contract import TrainingRequest  # noqa: E402
@@ -77,13 +83,71 @@ def unclipped_registry() -> layer_registry.LayerRegistry:
     return registry
 
 
+def full_registry() -> layer_registry.LayerRegistry:
+    """TF-Privacy's default registry (``Dense``, ``Embedding``) with its own ``LayerNormalization`` function
+    inserted, as its docs have users register a layer the default leaves out; the MLP has no such layer."""
+    registry = layer_registry.make_default_layer_registry()
+    registry.insert(tf.keras.layers.LayerNormalization, layer_normalization.layer_normalization_computation)
+    return registry
+
+
+def _embedding_positions_as_rows(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
+    """TF-Privacy's ``Embedding`` registry function whose norm is taken by its own ``embedding_sqr_norm_fn``
+    with each position's id offset to a token of its own: a token repeated within a record is not grouped,
+    √(Σ_t |g_t|²) instead of the norm of its row's summed gradient."""
+    base_vars, outputs, _ = embedding.embedding_layer_computation(
+        layer_instance, input_args, input_kwargs, tape, num_microbatches
+    )
+    input_ids = tf.cast(input_args[0], tf.int32)
+    distinct = input_ids + tf.range(tf.shape(input_ids)[1])[None, :] * layer_instance.input_dim
+    return base_vars, outputs, lambda grads: registry_function_utils.embedding_sqr_norm_fn(grads.values, distinct, num_microbatches)
+
+
+def _dense_bias_positions_as_rows(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
+    """TF-Privacy's ``Dense`` registry function whose bias norm on a 3-D input is its 2-D formula, Σ_t |g_t|²,
+    instead of the norm of the gradient summed over the positions (Opacus #751's bug in TF-Privacy's path);
+    the kernel's norm is the library's (``compute_fast_einsum_squared_gradient_norm`` without the bias)."""
+    base_vars, outputs, library_norms = dense.dense_layer_computation(
+        layer_instance, input_args, input_kwargs, tape, num_microbatches
+    )
+
+    def sqr_norm_fn(grads):
+        if grads.shape.rank < 3 or not layer_instance.use_bias or num_microbatches is not None:
+            return library_norms(grads)
+        kernel = einsum_utils.compute_fast_einsum_squared_gradient_norm("...b,bc->...c", input_args[0], grads, None, None)
+        return kernel + tf.reduce_sum(tf.square(grads), axis=list(range(1, grads.shape.rank)))
+
+    return base_vars, outputs, sqr_norm_fn
+
+
+def _layer_norm_positions_averaged(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
+    """TF-Privacy's ``LayerNormalization`` registry function whose per-record gradient is averaged over the
+    positions instead of summed: its squared norm divided by T²."""
+    base_vars, outputs, library_norms = layer_normalization.layer_normalization_computation(
+        layer_instance, input_args, input_kwargs, tape, num_microbatches
+    )
+    positions = tf.cast(tf.reduce_prod(tf.shape(input_args[0])[1:-1]), tf.float32)
+    return base_vars, outputs, lambda grads: library_norms(grads) / positions**2
+
+
+def undercounting_registry(layer_type: type, function: Callable) -> Callable[[], layer_registry.LayerRegistry]:
+    """Bug 2 for one layer type: :func:`full_registry` with ``layer_type``'s function replaced by ``function``."""
+
+    def registry() -> layer_registry.LayerRegistry:
+        registry = full_registry()
+        registry.insert(layer_type, function)
+        return registry
+
+    return registry
+
+
 @dataclasses.dataclass(frozen=True)
 class FastStep:
     """How a run builds TF-Privacy's DP model: its class, its layer registry, its microbatches, and whether
     the model is given the claimed σ (``noised=False``: σ = 0 while the accountant counts the claimed σ)."""
 
     model_class: type = DPModel
-    registry: Callable[[], layer_registry.LayerRegistry] = layer_registry.make_default_layer_registry
+    registry: Callable[[], layer_registry.LayerRegistry] = full_registry
     num_microbatches: int | None = None
     noised: bool = True
 
@@ -95,6 +159,11 @@ FAST_STEPS: dict[str, FastStep] = {
     "no_clipping": FastStep(registry=unclipped_registry),
     "noise_for_mean": FastStep(model_class=NoiseForMeanDPModel),
     "batch_clipping": FastStep(num_microbatches=1),  # one microbatch: the batch-mean gradient clipped to C
+    "embedding_norm": FastStep(registry=undercounting_registry(tf.keras.layers.Embedding, _embedding_positions_as_rows)),
+    "linear_bias_norm": FastStep(registry=undercounting_registry(tf.keras.layers.Dense, _dense_bias_positions_as_rows)),
+    "layer_norm_norm": FastStep(
+        registry=undercounting_registry(tf.keras.layers.LayerNormalization, _layer_norm_positions_averaged)
+    ),
 }
 
 
@@ -139,7 +208,8 @@ def make_dp_model(
         )
         raise ValueError(
             f"{step}: TF-Privacy's fast-clipping registry cannot clip this model: trainable layers {missing} are "
-            "not registered (TF-Privacy registers Dense and Embedding); train other architectures with "
+            "not registered (TF-Privacy registers Dense and Embedding, and here LayerNormalization); train other "
+            "architectures with "
             "tf-privacy-keras"
         )
     if request.num_tags:

@@ -38,7 +38,7 @@ from scipy.special import log_softmax  # noqa: E402
 from tensorflow_privacy.privacy.dp_query import gaussian_query  # noqa: E402
 from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras  # noqa: E402
 
-from dpverify.contract import TrainingRequest, hand_over_kernels  # noqa: E402
+from dpverify.contract import LayerArchitecture, TrainingRequest, hand_over_kernels  # noqa: E402
 from dpverify_tfprivacy._reuse import LOCK, ReusedStep, reused_step  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify_tfprivacy._sampling import kernel_seeds, poisson_batches, shuffled_batches  # noqa: E402
@@ -160,9 +160,12 @@ def build_mlp(request: TrainingRequest, *, model_class: Callable[..., tf.keras.M
     With tags: the shared encoder ``Dense(h, relu)``, the main head ``Dense(C)`` and a separate tag head
     ``Dense(|E|)`` (as :class:`dpverify.torch.MultiTaskMLP`), concatenated into one ``(n, C + |E|)``
     output. A functional graph, built as ``model_class(inputs=..., outputs=...)``, so that TF-Privacy's DP
-    model class (which walks that graph for fast clipping) can be the model."""
-    width = request.architecture.hidden_width
+    model class (which walks that graph for fast clipping) can be the model. A layer design's
+    :class:`~dpverify.contract.LayerArchitecture`: :func:`build_layer_model`."""
     features = tf.keras.Input(shape=(request.dimension,), dtype=tf.float32)
+    if isinstance(request.architecture, LayerArchitecture):
+        return build_layer_model(request, features, model_class=model_class)
+    width = request.architecture.hidden_width
     if request.architecture.is_softmax_regression:
         logits = tf.keras.layers.Dense(
             request.num_classes, kernel_initializer="zeros", bias_initializer="zeros", name="main_head"
@@ -177,6 +180,36 @@ def build_mlp(request: TrainingRequest, *, model_class: Callable[..., tf.keras.M
         return model_class(inputs=features, outputs=main)
     tags = tf.keras.layers.Dense(request.num_tags, kernel_initializer=tag_head, name="tag_head")(hidden)
     return model_class(inputs=features, outputs=tf.keras.layers.Concatenate()([main, tags]))
+
+
+def build_layer_model(
+    request: TrainingRequest, features: tf.Tensor, *, model_class: Callable[..., tf.keras.Model]
+) -> tf.keras.Model:
+    """A layer design's model, as :class:`dpverify.torch.LayerModel`: each record lifted to a sequence of
+    ``positions`` equal positions (parameter-free layers), the designated layer (``Embedding(d, C)`` on the
+    record's largest feature as its token; ``Dense(C)`` with bias; ``LayerNormalization``, d = C), zero
+    weights, the outputs summed over the positions."""
+    architecture = request.architecture
+    positions = architecture.positions
+    if architecture.layer == "embedding":
+        tokens = tf.keras.layers.Lambda(
+            lambda x: tf.repeat(tf.argmax(x, axis=-1, output_type=tf.int32)[:, None], positions, axis=1), name="tokens"
+        )(features)
+        layer = tf.keras.layers.Embedding(request.dimension, request.num_classes, embeddings_initializer="zeros")
+        outputs = layer(tokens)
+    elif architecture.layer == "linear_3d":
+        sequence = tf.keras.layers.RepeatVector(positions)(features)
+        outputs = tf.keras.layers.Dense(request.num_classes, kernel_initializer="zeros", bias_initializer="zeros")(sequence)
+    else:
+        if request.dimension != request.num_classes:
+            raise ValueError(
+                f"the layer_norm design's outputs are its inputs' normalised coordinates, so the features' "
+                f"dimension must equal num_classes, got dimension={request.dimension}, num_classes={request.num_classes}"
+            )
+        sequence = tf.keras.layers.RepeatVector(positions)(features)
+        outputs = tf.keras.layers.LayerNormalization(gamma_initializer="zeros", beta_initializer="zeros")(sequence)
+    logits = tf.keras.layers.Lambda(lambda y: tf.reduce_sum(y, axis=1), name="sum_positions")(outputs)
+    return model_class(inputs=features, outputs=logits)
 
 
 def multitask_loss(targets: tf.Tensor, logits: tf.Tensor, *, num_classes: int, tag_weight: float) -> tf.Tensor:

@@ -1,0 +1,121 @@
+r"""What every released update of DP-SGD shows about each Dirac canary of a softmax regression.
+
+A Dirac canary j (features a·e_j, label y_j) moves only column j of the weights W (C × d): its gradient
+there is a·(p − e_{y_j}), with p = softmax(a·W[:, j] + b) at the step's start, and its whole gradient
+(the bias part too, which every canary shares) is clipped to C by its global norm
+‖p − e_y‖·√(a² + 1). No other record touches column j, so DP-SGD's step t releases on that column
+
+.. math::
+
+    -\frac{N}{\eta}\,(W_t - W_{t-1})[:, j] = 1\{j \text{ sampled}\}\, g_t + \sigma C\, Z_t,
+
+with N the public normaliser, η the learning rate, g_t the canary's clipped column gradient (known from
+θ_{t−1} before the step) and Z_t standard Gaussian. Projected on g_t/‖g_t‖ and in clip norms, the step is
+s_t = 1{sampled}·c_t + σ·Z with c_t = ‖g_t‖/C: exactly the Poisson-subsampled Gaussian mechanism the
+claim composes, seen by the adversary of every update. The part orthogonal to g_t is noise whatever the
+canary's membership and is dropped. :func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`
+turns (c_t, s_t) into each canary's score.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpverify._validation import check_int, check_real
+
+__all__ = ["DiracUpdates", "UpdatesMissing"]
+
+
+class UpdatesMissing(Exception):
+    """The trainer never handed over its updates (``Request.observe_update`` was not called)."""
+
+
+class DiracUpdates:
+    """An ``observe_update`` for a run of Dirac canaries in softmax regression: it reads each step's
+    (c_t, s_t) per canary (module docstring) as the trainer hands over its parameters.
+
+    ``labels`` (m,) are the canaries' trained labels, canary j owning input coordinate j; ``normaliser``
+    the public constant the step's noisy sum is divided by; ``steps`` the steps the request designates.
+    Parameters handed over out of order, of the wrong shape or past ``steps`` raise ``ValueError`` in the
+    trainer (the audit then ends in ``error``); :meth:`statistics` says what was seen."""
+
+    def __init__(
+        self,
+        *,
+        labels: np.ndarray,
+        num_classes: int,
+        feature_scale: float,
+        max_grad_norm: float,
+        learning_rate: float,
+        normaliser: float,
+        steps: int,
+    ) -> None:
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.num_classes = check_int("num_classes", num_classes, low=2)
+        self.feature_scale = check_real("feature_scale", feature_scale, low=0.0, low_open=True)
+        self.max_grad_norm = check_real("max_grad_norm", max_grad_norm, low=0.0, low_open=True)
+        self.learning_rate = check_real("learning_rate", learning_rate, low=0.0, low_open=True)
+        self.normaliser = check_real("normaliser", normaliser, low=0.0, low_open=True)
+        self.steps = check_int("steps", steps, low=1)
+        m = self.labels.shape[0]
+        self.signal = np.zeros((m, self.steps))
+        self.projection = np.zeros((m, self.steps))
+        self.handed_over = 0  # parameters seen: the initial ones, then one per step
+        self._previous: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __call__(self, step: int, parameters: tuple[np.ndarray, ...]) -> None:
+        if step != self.handed_over or step > self.steps:
+            expected = f"step {self.handed_over}" if self.handed_over <= self.steps else f"no more than {self.steps} steps"
+            raise ValueError(f"observe_update was called for step {step}, expected {expected} (0 before the first step)")
+        weight, bias = self._checked(parameters)
+        if step:
+            self._read_step(step - 1, weight, bias)
+        self._previous = (weight, bias)
+        self.handed_over += 1
+
+    def _checked(self, parameters: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+        m = self.labels.shape[0]
+        shapes = tuple(np.shape(p) for p in parameters)
+        if len(parameters) != 2 or len(shapes[0]) != 2 or shapes[0][0] != self.num_classes or shapes[0][1] < m or shapes[1] != (self.num_classes,):
+            raise ValueError(
+                f"observe_update takes the softmax regression's (weight, bias) of shapes ({self.num_classes}, d >= {m}) "
+                f"and ({self.num_classes},), in torch's nn.Linear layout; got shapes {shapes}"
+            )
+        weight = np.asarray(parameters[0], dtype=np.float64)[:, :m]
+        bias = np.asarray(parameters[1], dtype=np.float64)
+        if not (np.all(np.isfinite(weight)) and np.all(np.isfinite(bias))):
+            raise ValueError("observe_update was handed NaN or infinite parameters (did training diverge?)")
+        return weight, bias
+
+    def _read_step(self, index: int, weight: np.ndarray, bias: np.ndarray) -> None:
+        """(c_t, s_t) of every canary at step ``index + 1`` from the parameters before and after it."""
+        before, bias_before = self._previous
+        a, clip = self.feature_scale, self.max_grad_norm
+        logits = a * before + bias_before[:, None]
+        residual = np.exp(logits - logits.max(axis=0))
+        residual /= residual.sum(axis=0)
+        residual[self.labels, np.arange(self.labels.shape[0])] -= 1.0  # p − e_y, one column per canary
+        norm = np.linalg.norm(residual, axis=0)
+        factor = np.minimum(1.0, clip / np.maximum(norm * math.sqrt(a * a + 1.0), np.finfo(float).tiny))
+        column_norm = factor * a * norm  # ‖g_t‖, the clipped gradient's part on the canary's column
+        released = -(weight - before) * (self.normaliser / self.learning_rate)
+        along = np.einsum("kj,kj->j", residual, released) / np.maximum(norm, np.finfo(float).tiny)
+        self.signal[:, index] = column_norm / clip
+        self.projection[:, index] = np.where(norm > 0, along / clip, 0.0)
+
+    def statistics(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(c, s)``, each (m, steps): every canary's signal and projection at every step. Raises
+        :class:`UpdatesMissing` when nothing was handed over, ``ValueError`` when only some steps were."""
+        if self.handed_over == 0:
+            raise UpdatesMissing(
+                "the trainer handed over no updates (it never called Request.observe_update), so the adversary "
+                "of every update saw nothing"
+            )
+        if self.handed_over != self.steps + 1:
+            raise ValueError(
+                f"the trainer handed over the parameters of {self.handed_over - 1} of the {self.steps} steps the "
+                "request designates (observe_update(0, ...) before the first step, then one call after each step)"
+            )
+        return self.signal, self.projection
