@@ -17,10 +17,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from opacus.grad_sample.embedding import compute_embedding_norm_sample
-from opacus.grad_sample.layer_norm import compute_layer_norm_grad_sample
-from opacus.grad_sample.linear import compute_linear_norm_sample
-
 from dpverify.torch import MultiTaskMLP
 from dpverify_opacus._training import OpacusRun, Tweak, mix_into
 
@@ -389,6 +385,8 @@ def positions_as_rows_embedding(layer: nn.Embedding, activations, backprops):
     by position × vocabulary), so that a token repeated within a record is not grouped: the record's norm
     becomes √(Σ_t |g_t|²) instead of the norm of its row's summed gradient (the kind of per-layer formula bug
     private-transformers and Opacus' norm samplers have had)."""
+    from opacus.grad_sample.embedding import compute_embedding_norm_sample  # from Opacus 1.5.3 on
+
     input_ids = activations[0].reshape(activations[0].shape[0], -1)
     offsets = torch.arange(input_ids.shape[1], device=input_ids.device) * layer.num_embeddings
     return compute_embedding_norm_sample(layer, [input_ids + offsets], backprops)
@@ -398,6 +396,8 @@ def positions_as_rows_linear_bias(layer: nn.Linear, activations, backprops):
     """Opacus' own Linear norm sampler, with the bias's norm on a 3-D input taken by its 2-D formula,
     √(Σ_t |g_t|²), instead of the norm of the gradient summed over the positions: Opacus #751's wrong
     bias norm. The weight's norm is the library's."""
+    from opacus.grad_sample.linear import compute_linear_norm_sample  # from Opacus 1.5.0 on
+
     norms = compute_linear_norm_sample(layer, activations, backprops)
     if backprops.dim() == 3 and layer.bias is not None and layer.bias.requires_grad:
         norms[layer.bias] = torch.sqrt(torch.einsum("n...i,n...i->n", backprops, backprops))
@@ -407,6 +407,8 @@ def positions_as_rows_linear_bias(layer: nn.Linear, activations, backprops):
 def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
     """Opacus' own LayerNorm grad sampler, its per-record gradients averaged over the positions instead of
     summed (what fast gradient clipping takes the norms of, where no norm sampler is registered)."""
+    from opacus.grad_sample.layer_norm import compute_layer_norm_grad_sample
+
     grads = compute_layer_norm_grad_sample(layer, activations, backprops)
     positions = backprops[0].numel() // max(1, layer.weight.numel())
     return {param: grad / positions for param, grad in grads.items()}
