@@ -85,6 +85,9 @@ def test_each_release_gets_the_make_private_call_its_documentation_shows(version
 def test_a_path_a_release_lacks_is_named_with_the_reason_never_called():
     assert "first shipped in Opacus 1.5.0" in missing_path(parse_version("1.4.1"), "ghost")
     assert missing_path(parse_version("1.4.1"), "hooks") is None
+    assert "first shipped in Opacus 1.5.3" in missing_path(parse_version("1.5.2"), "ghost", norm_sampler="embedding")
+    assert missing_path(parse_version("1.5.3"), "ghost", norm_sampler="embedding") is None
+    assert missing_path(parse_version("1.5"), "ghost", norm_sampler="linear_3d") is None
     with pytest.raises(ValueError, match="1.4 has no 'ghost' path"):
         make_private_call(parse_version("1.4.0"), "ghost")
 

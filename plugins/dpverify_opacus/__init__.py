@@ -79,7 +79,8 @@ class OpacusImplementation(Implementation):
 
     def unavailable_reason(self) -> str | None:
         """Also ``n/a`` where the installed Opacus release has no ``grad_sample_mode`` path (1.4's ghost)."""
-        return super().unavailable_reason() or _missing_path(self.info.name, self.grad_sample_mode)
+        layer = self.tweak_args.get("layer") if self.tweak == "undercounting_norm" else None
+        return super().unavailable_reason() or _missing_path(self.info.name, self.grad_sample_mode, norm_sampler=layer)
 
     def make_tweak(self):
         """The :class:`~dpverify_opacus._training.Tweak` object for this implementation (imports torch)."""
@@ -198,14 +199,14 @@ def _info(name: str, **fields: Any) -> ImplementationInfo:
 LAYERS = ("embedding", "linear_3d", "layer_norm")
 
 
-def _missing_path(name: str, grad_sample_mode: str) -> str | None:
-    """``n/a: <why>`` when the installed release has no ``grad_sample_mode`` path, else ``None``."""
+def _missing_path(name: str, grad_sample_mode: str, *, norm_sampler: str | None = None) -> str | None:
+    """``n/a: <why>`` when the installed release lacks the path (:func:`._releases.missing_path`), else ``None``."""
     from importlib import metadata
 
     from dpverify_opacus._releases import installed_version, missing_path
 
     version = installed_version()
-    reason = None if version is None else missing_path(version, grad_sample_mode)
+    reason = None if version is None else missing_path(version, grad_sample_mode, norm_sampler=norm_sampler)
     return None if reason is None else f"n/a: {name} needs {reason}; installed: Opacus {metadata.version('opacus')}"
 
 

@@ -97,10 +97,13 @@ def installed_version() -> tuple[int, ...] | None:
         return None
 
 
-def missing_path(version: tuple[int, ...], grad_sample_mode: str) -> str | None:
-    """Why release ``version`` has no ``grad_sample_mode`` path, or ``None`` when it has one."""
+def missing_path(version: tuple[int, ...], grad_sample_mode: str, *, norm_sampler: str | None = None) -> str | None:
+    """Why release ``version`` has no ``grad_sample_mode`` path (or, for a layer variant, no norm sampler of
+    ``norm_sampler``'s layer design to break), or ``None`` when it has one."""
     if grad_sample_mode == "ghost" and version < GHOST_FIRST:
         return "ghost clipping (grad_sample_mode='ghost') first shipped in Opacus 1.5.0 (PR #656)"
+    if norm_sampler == "embedding" and version < CRITERION_FIRST:
+        return "Opacus' Embedding norm sampler (compute_embedding_norm_sample) first shipped in Opacus 1.5.3"
     return None
 
 
