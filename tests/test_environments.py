@@ -171,7 +171,7 @@ def test_pytest_says_which_families_it_did_not_audit_and_where_they_run(pytester
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--dp-audit", "--dp-audit-implementations=family-test-*", "-rs", *workers
     )
-    result.assert_outcomes(skipped=10)  # each one-run, every-update and three two-world audits: 2 implementations
+    result.assert_outcomes(skipped=12)  # each one-run, every-update and four two-world audits: 2 implementations
     hint = "run `.venvs/jax/bin/pytest --dp-audit` (made by `bash scripts/setup.sh`)"
     result.stdout.fnmatch_lines([
         "*dp-audit summary*",

@@ -71,7 +71,7 @@ def test_the_gate_audits_each_layer_an_implementation_trains_and_a_layer_variant
     variant = ImplementationInfo(
         name="lib-bad-norm", library="lib", expected="violation", breaks="x", detectability="D2", bug=2, layers=("embedding",)
     )
-    audits = gate_audits([correct, variant], worlds="none")
+    audits = gate_audits([correct, variant], worlds="none", every_update=False)
     assert [a.test_name for a in audits] == [
         "dp-audit[lib]",
         "layer[lib-embedding]",
@@ -80,7 +80,7 @@ def test_the_gate_audits_each_layer_an_implementation_trains_and_a_layer_variant
     ]
     assert [a.seed_key for a in audits[1:]] == ["lib#embedding", "lib#linear_3d", "lib-bad-norm#embedding"]
     assert [a.counted for a in audits] == [True, True, True, False]
-    assert gate_audits([correct, variant], worlds="none", layers=False) == audits[:1]
+    assert gate_audits([correct, variant], worlds="none", every_update=False, layers=False) == audits[:1]
     with pytest.raises(ValueError, match="layers must be one of"):
         ImplementationInfo(name="x", library="x", layers=("conv",))
 
@@ -100,7 +100,7 @@ def test_pytest_collects_each_layer_audit_and_dp_audit_layers_none_leaves_them_o
     from tests.test_plugin import run
 
     chosen = "--dp-audit-implementations=opacus-ghost,opacus-ghost-*-norm"
-    result = run(pytester, "--dp-audit", chosen, "--dp-audit-worlds=none", "--collect-only", "-q")
+    result = run(pytester, "--dp-audit", chosen, "--dp-audit-worlds=none", "--dp-audit-every-update=false", "--collect-only", "-q")
     result.stdout.fnmatch_lines(
         [
             "dp-audit::dp-audit[[]opacus-ghost[]]",
@@ -111,7 +111,8 @@ def test_pytest_collects_each_layer_audit_and_dp_audit_layers_none_leaves_them_o
             "*7 tests collected*",
         ]
     )
-    none = run(pytester, "--dp-audit", chosen, "--dp-audit-worlds=none", "--dp-audit-layers=none", "--collect-only", "-q")
+    none = run(pytester, "--dp-audit", chosen, "--dp-audit-worlds=none", "--dp-audit-every-update=false", "--dp-audit-layers=none",
+               "--collect-only", "-q")  # fmt: skip
     none.stdout.fnmatch_lines(["dp-audit::dp-audit[[]opacus-ghost[]]", "*1 test collected*"])
     bad = run(pytester, "--dp-audit", "--dp-audit-layers=conv")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR

@@ -102,7 +102,7 @@ def registered(tmp_path, monkeypatch):
 
     (tmp_path / "verdict_first_module.py").write_text(PRIVATE_AND_LEAKY)
     monkeypatch.syspath_prepend(str(tmp_path))
-    yield ["--import", "verdict_first_module", "--worlds", "none", "--m", "200", "--set", "dimension=200", "--set", "num_classes=5"]
+    yield ["--import", "verdict_first_module", "--worlds", "none", "--every-update", "off", "--layers", "none", "--m", "200", "--set", "dimension=200", "--set", "num_classes=5"]
     for name in ("cli-private", "cli-leaky"):
         unregister_implementation(name)
     sys.modules.pop("verdict_first_module", None)

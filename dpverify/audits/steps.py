@@ -638,9 +638,12 @@ def concluded_result(
     failures: list[tuple[str, str]] = []
     # The claim check can only turn a verdict into a violation: should it fail, the tests' verdict stands.
     inconsistency = beside_verdict("claim check", lambda: claim_inconsistency(trained.claim), failures)
+    # An every-update score is a likelihood ratio over the steps, not the participation sum k*'s model
+    # simulates: its power is not stated rather than predicted from the wrong distribution.
+    every_update = getattr(config, "observe", "final_model") == "every_update"
     verdict, power = power_beside_verdict(
         verdict,
-        lambda: measure_power(
+        lambda: None if every_update else measure_power(
             run,
             scores,
             membership,
