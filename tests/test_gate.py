@@ -65,8 +65,10 @@ def test_gate_audits_put_each_one_run_audit_before_its_every_update_audit_and_wo
     assert [a.test_name for a in chosen] == ["dp-audit[mine]", "dp-audit[micro]", "two-world[micro-microbatch]"]
 
 
-def test_every_classifier_expected_private_or_known_gets_the_every_update_audit_and_variants_of_row_8():
-    assert every_update_applies(PRIVATE) and every_update_applies(KNOWN)
+def test_every_classifier_expected_private_gets_the_every_update_audit_and_variants_and_known_issues_of_row_8():
+    assert every_update_applies(PRIVATE) and not every_update_applies(KNOWN)  # KNOWN names no bugs.md row
+    row_8 = ImplementationInfo(name="k8", library="numpy", expected="known-issue", issue="https://example.org/8", bug=8)
+    assert every_update_applies(row_8)
     assert [row for row in range(1, 13) if every_update_applies(_variant(row))] == list(EVERY_UPDATE_BUGS) == [8]
     assert not every_update_applies(ImplementationInfo(name="lm", library="numpy", task="language"))
 
