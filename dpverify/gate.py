@@ -48,8 +48,10 @@ def every_update_applies(info: ImplementationInfo) -> bool:
     """Whether the gate gives an implementation the every-update audit: a classifier expected private, or a
     buggy variant or known issue of a row in :data:`EVERY_UPDATE_BUGS`. A known issue of another kind is
     registered for the finding its own audits make, and may not take the designated steps and rate at all
-    (``opacus-dataloader`` derives both from the dataset's size: #571)."""
-    if info.task != "classification":
+    (``opacus-dataloader`` derives both from the dataset's size: #571). The audit designates the normaliser
+    q·m (its members' count is secret), so an API that divides by its own batch size (JAX-Privacy's Keras
+    API, :attr:`~dpverify.contract.ImplementationInfo.designated_normaliser` false) cannot take it."""
+    if info.task != "classification" or not info.designated_normaliser:
         return False
     return info.expected == "private" or info.bug in EVERY_UPDATE_BUGS
 

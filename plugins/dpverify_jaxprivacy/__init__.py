@@ -192,6 +192,7 @@ def implementations() -> list[Implementation]:
                     name="jax-privacy-keras-accumulation",
                     expected="known-issue",
                     issue="https://github.com/google-deepmind/jax_privacy/pull/287",
+                    bug=8,  # the accountant is fed the physical batch's q
                     notes=_ACCUMULATION_NOTES,
                     **_KERAS,
                 ),
