@@ -27,9 +27,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpverify.stats.curves import ClaimedRun  # noqa: E402
-from dpverify.stats.power import gdp_mu, measure_power, one_run_deficit  # noqa: E402
+from dpverify.stats.power import audit_refutes, gdp_mu, measure_power, one_run_deficit  # noqa: E402
 from dpverify.stats.scoring import GuessRule  # noqa: E402
-from tests.doubles import dirac_scores, one_run_refutes  # noqa: E402
+from tests.doubles import dirac_scores  # noqa: E402
 
 CONFIDENCES = (0.975, 0.975)  # a one-audit session at 95 %, split between the tests
 #: (σ, q, T, m): σ for claimed ε 2, 2, 4 and 2 at δ 1e-5 (the settings the review of issue 31 measured).
@@ -45,8 +45,9 @@ def caught(run: ClaimedRun, m: int, k: float, audits: int, rng) -> float:
     epsilon, hits = run.epsilon(1e-5), 0
     for _ in range(audits):
         bits = rng.choice(np.array([-1, 1]), size=m)
-        hits += one_run_refutes(dirac_scores(rng, bits, run=run, noise=run.noise_multiplier / k), bits, run=run,
-                                epsilon=epsilon, confidences=CONFIDENCES)  # fmt: skip
+        scores = dirac_scores(rng, bits, run=run, noise=run.noise_multiplier / k)
+        hits += audit_refutes([scores], [bits], run, guess_rule=GuessRule(), claimed_epsilon=epsilon, delta=1e-5,
+                              confidences=CONFIDENCES)  # fmt: skip
     return hits / audits
 
 

@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help=f"target ε to calibrate to, > 0 (inf: non-private; default {DEFAULT_EPSILON:g} unless "
-        "--set noise_multiplier=SIGMA gives the noise instead)",
+        "--set noise_multiplier=SIGMA gives the noise instead, or --design two_world, whose world designates it)",
     )
     audit.add_argument(
         "--design",
@@ -539,7 +539,7 @@ def _show_comparison(comparison: Any) -> int:
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
     """The audit settings the options give: ``--design``, ``--m``, ``--epochs``, every ``--set`` and one
     privacy target (``--epsilon``, ``--set epsilon=`` or ``--set noise_multiplier=``; two are an error,
-    none means ε = 2)."""
+    none means ε = 2, but for ``--design two_world``, whose world designates its σ)."""
     overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
     overrides.update(_settings(args.settings))
     targets = ["--epsilon"] * (args.epsilon is not None) + [
@@ -547,7 +547,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     ]
     if len(targets) > 1:
         raise ValueError(f"give one privacy target, got {' and '.join(targets)}")
-    if args.epsilon is not None or not targets:
+    if args.epsilon is not None or not (targets or overrides.get("design") == "two_world"):
         overrides["epsilon"] = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
     return overrides
 

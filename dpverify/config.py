@@ -405,10 +405,14 @@ MLP_PROFILES: dict[str, AuditConfig] = {
 
 
 def profile_config(name: str, **overrides: Any) -> AuditConfig:
-    """The named profile for the design in ``overrides`` (its MLP setting for a data design), with
-    ``overrides`` applied (see :func:`apply_overrides`)."""
+    """The named profile for the design in ``overrides`` (its MLP setting for a data design, the world's
+    setting in the default gate for ``two_world``: :func:`two_world_config`), with ``overrides`` applied (see
+    :func:`apply_overrides`)."""
     check_choice("profile", name, PROFILE_NAMES)
-    needs_mlp = overrides.get("design", PROFILES[name].design) in DATA_DESIGNS
+    design = overrides.get("design", PROFILES[name].design)
+    if design == "two_world":  # the world's own design (its σ, q, records, learning rate), then the overrides
+        return apply_overrides(two_world_config(name, overrides.get("world", TwoWorldConfig.world)), overrides)
+    needs_mlp = design in DATA_DESIGNS
     return apply_overrides((MLP_PROFILES if needs_mlp else PROFILES)[name], overrides)
 
 

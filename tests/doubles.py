@@ -4,8 +4,8 @@
 labels it was given. ``Oblivious`` never looks at its data, so it is perfectly private whatever it claims.
 ``NumpyDPSGD`` is a small, correct DP-SGD of the designated model for the conformance suite, with the
 switches that make it a trainer of its own model or of softmax regression only. ``dirac_scores`` draws the
-scores DP-SGD gives Dirac canaries, and ``one_run_refutes`` is the one-run audit's decision on them: what
-k* promises is checked against them, not against k*'s own model.
+scores DP-SGD gives Dirac canaries: what k* promises is checked against the one-run audit's decision on them
+(``dpverify.stats.power.audit_refutes``), not against k*'s own model.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ from dpverify.contract import (
     TrainingRequest,
     hand_over_kernels,
 )
-from dpverify.stats.bounds import steinke_refutes
-from dpverify.stats.curves import ClaimedRun, curve_refutes
-from dpverify.stats.scoring import GuessRule, correct_counts
+from dpverify.stats.curves import ClaimedRun
 
 
 def claim_for(request: TrainingRequest, epsilon: float) -> PrivacyClaim:
@@ -63,21 +61,6 @@ def dirac_scores(rng: np.random.Generator, bits: np.ndarray, *, run: ClaimedRun,
     every step."""
     participations = rng.binomial(run.steps, run.sampling_rate, size=bits.size) * (bits == 1)
     return participations + noise * math.sqrt(run.steps) * rng.standard_normal(bits.size)
-
-
-def one_run_refutes(
-    scores: np.ndarray, bits: np.ndarray, *, run: ClaimedRun, epsilon: float, confidences: tuple[float, float]
-) -> bool:
-    """The one-run audit's decision on one run's scores, at δ 1e-5 with the default guess grid: either test,
-    each at its share of the level (``confidences``) corrected for the grid."""
-    rule = GuessRule()
-    steinke, curve_level = (rule.corrected_confidence(c) for c in confidences)
-    counts = rule.counts(bits.size)
-    correct = correct_counts(scores, bits, counts, sides=rule.sides)
-    return bool(
-        np.any(steinke_refutes(bits.size, counts, correct, epsilon=epsilon, delta=1e-5, confidence=steinke))
-        or np.any(curve_refutes(bits.size, counts, correct, curve=run.curve(), confidence=curve_level))
-    )
 
 
 def uniform_log_probs(n: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:

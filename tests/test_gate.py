@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dpverify.config import EVERY_UPDATE_SETTING, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
+from dpverify.config import EVERY_UPDATE_SETTING, profile_config, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
 from dpverify.contract import ImplementationInfo
 from dpverify.gate import EVERY_UPDATE_BUGS, applicable_worlds, every_update_applies, gate_audits
 from tests.test_plugin import CONFTEST, REPO, run
@@ -104,6 +104,21 @@ def test_two_world_config_designates_the_world_and_scales_runs_by_profile():
     assert two_world_config("quick", "realised_batch", runs=7).worlds.runs == 7
     with pytest.raises(ValueError, match="take only runs, records, outputs, device, timeout, got m"):
         two_world_config("quick", "realised_batch", m=10)
+
+
+def test_a_two_world_design_asked_for_by_name_is_the_worlds_own_design():
+    """`dpverify audit X --design two_world --set world=fixed_batch` (and the marker's design="two_world")
+    audits the world as the gate does, not the profile's canary setting under the world's name; the CLI
+    then designates no target ε (the world designates σ)."""
+    from dpverify.cli import _overrides, _parser
+
+    asked = profile_config("quick", design="two_world", world="fixed_batch", runs=40)
+    assert asked == two_world_config("quick", "fixed_batch", runs=40)
+    assert profile_config("quick", design="two_world") == two_world_config("quick", "dataset_size")
+    args = _parser().parse_args(["audit", "reference-dpsgd", "--design", "two_world", "--set", "world=fixed_batch"])
+    assert "epsilon" not in _overrides(args)
+    args = _parser().parse_args(["audit", "reference-dpsgd", "--set", "world=fixed_batch"])
+    assert _overrides(args)["epsilon"] == 2.0
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from dpverify.audits import run_audit
 from dpverify.config import profile_config
 from dpverify.stats.bounds import _gdp_epsilon
 from dpverify.stats.curves import ClaimedRun
-from dpverify.stats.power import LARGEST_DEFICIT, gdp_mu, measure_power, one_run_deficit, separation
+from dpverify.stats.power import LARGEST_DEFICIT, audit_refutes, gdp_mu, measure_power, one_run_deficit, separation
 from dpverify.stats.scoring import GuessRule
 from dpverify.contract import ImplementationInfo
-from tests.doubles import GaussianMechanism, NumpyDPSGD, Oblivious, dirac_scores, one_run_refutes
+from tests.doubles import GaussianMechanism, NumpyDPSGD, Oblivious, dirac_scores
 
 RULE = GuessRule()
 #: The audit's two tests each at half of a 95 % level, as a one-audit session runs them.
@@ -71,7 +71,9 @@ def _caught(run: ClaimedRun, m: int, deficit: float, audits: int, rng) -> int:
     for _ in range(audits):
         bits = rng.choice(np.array([-1, 1]), size=m)
         scores = dirac_scores(rng, bits, run=run, noise=run.noise_multiplier / deficit)
-        caught += one_run_refutes(scores, bits, run=run, epsilon=epsilon, confidences=CONFIDENCES)
+        caught += audit_refutes(
+            [scores], [bits], run, guess_rule=RULE, claimed_epsilon=epsilon, delta=1e-5, confidences=CONFIDENCES
+        )
     return caught
 
 

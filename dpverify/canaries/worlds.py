@@ -60,6 +60,8 @@ class TwoWorlds:
     handed its records is the auditor's choice; or D with one record replaced). ``targets``
     names the bug class the world is built for and why it shows there. ``public_size`` is the dataset size
     whose q-th part the audit designates as the public normaliser in both worlds (default |D|).
+    ``marker_scale`` is the norm of the fixed-batch world's one input point, which its update score divides
+    out (:func:`fixed_batch_spike`); ``None`` in the worlds scored on the final model.
     """
 
     name: str
@@ -74,10 +76,13 @@ class TwoWorlds:
     target_class: int | None = None
     targets: str = ""
     public_size: int | None = None
+    marker_scale: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("relation", self.relation, RELATIONS)
         check_choice("score", self.score, SCORES)
+        if self.observes_updates:
+            check_real("marker_scale", self.marker_scale, low=0.0, low_open=True)
         check_int("num_classes", self.num_classes, low=2)
         for name in ("features_d", "features_dprime", "probes"):
             array = getattr(self, name)
@@ -126,7 +131,7 @@ class TwoWorlds:
         first step, then after each): see :func:`fixed_batch_worlds`."""
         if not self.observes_updates:
             raise ValueError(f"the {self.name} world scores the final model (score_log_probs), not its updates")
-        return fixed_batch_spike(parameters, hyperparameters, scale=float(self.probes[0, 0]))
+        return fixed_batch_spike(parameters, hyperparameters, scale=self.marker_scale)
 
 
 def _neighbours(relation: str, d: tuple[np.ndarray, np.ndarray], dprime: tuple[np.ndarray, np.ndarray]) -> bool:
@@ -333,6 +338,7 @@ def fixed_batch_worlds(
         score="fixed_batch_spike",
         targets="bugs.md row 9 (Opacus #80, jax_privacy #84): shuffled fixed-size batches accounted as Poisson",
         public_size=records + 1,
+        marker_scale=scale,
     )
 
 

@@ -182,19 +182,28 @@ def noise_multiplier_for(request: TrainingRequest, tweak: Tweak, sample_rate: fl
     hp = request.hyperparameters
     if hp.noise_multiplier is not None:
         return float(hp.noise_multiplier)
-    # What make_private_with_epsilon does, but with the step count given exactly (it would use
-    # int(epochs / sample_rate), which floating point rounds one step short for e.g. 3 epochs at q = 1/75)
-    # and a tolerance relative to the target (its default is 0.01 absolute).
+    return rdp_noise_multiplier(
+        hp.target_epsilon, hp.delta, tweak.calibration_rate(sample_rate), tweak.calibration_steps(hp.steps)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def rdp_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """Opacus' ``get_noise_multiplier`` (RDP) for these four numbers. What ``make_private_with_epsilon`` does,
+    but with the step count given exactly (it would use int(epochs / sample_rate), which floating point
+    rounds one step short for e.g. 3 epochs at q = 1/75) and a tolerance relative to the target (its default
+    is 0.01 absolute). A pure function of them, computed once per process: at q < 1 its bisection over
+    fractional RDP orders takes seconds, and every pooled run of an audit asks it the same question."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Optimal order is the")  # bisection probes extreme σ
         return float(
             get_noise_multiplier(
-                target_epsilon=hp.target_epsilon,
-                target_delta=hp.delta,
-                sample_rate=tweak.calibration_rate(sample_rate),
-                steps=tweak.calibration_steps(hp.steps),
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
                 accountant="rdp",
-                epsilon_tolerance=0.005 * hp.target_epsilon,
+                epsilon_tolerance=0.005 * target_epsilon,
             )
         )
 
