@@ -414,12 +414,29 @@ def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
     return {param: grad / positions for param, grad in grads.items()}
 
 
+def positions_as_rows_conv(layer: nn.Conv1d, activations, backprops):
+    """Opacus' own Conv1d grad sampler applied to each output position alone (the backprops of the others set
+    to zero), the per-position gradients stacked as the record's rows, (n, positions, *parameter): the norm
+    ghost clipping takes of them is √(Σ_q |g_q|²), the unfold formula with its sum over the positions q
+    dropped, instead of the norm of the gradient summed over them."""
+    from opacus.grad_sample.conv import compute_conv_grad_sample
+
+    positions = backprops.shape[-1]
+    rows = []
+    for q in range(positions):
+        alone = torch.zeros_like(backprops)
+        alone[..., q] = backprops[..., q]
+        rows.append(compute_conv_grad_sample(layer, activations, alone))
+    return {param: torch.stack([row[param] for row in rows], dim=1) for param in rows[0]}
+
+
 #: The formula-breaking samplers by layer design: the registry of Opacus' ghost-clipping module they replace
 #: an entry of, the layer type, and the sampler.
 UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[str, type, Callable]] = {
     "embedding": ("NORM_SAMPLERS", nn.Embedding, positions_as_rows_embedding),
     "linear_3d": ("NORM_SAMPLERS", nn.Linear, positions_as_rows_linear_bias),
     "layer_norm": ("GRAD_SAMPLERS", nn.LayerNorm, positions_averaged_layer_norm),
+    "conv": ("GRAD_SAMPLERS", nn.Conv1d, positions_as_rows_conv),
 }
 
 
