@@ -415,19 +415,21 @@ def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
 
 
 def positions_as_rows_conv(layer: nn.Conv1d, activations, backprops):
-    """Opacus' own Conv1d grad sampler applied to each output position alone (the backprops of the others set
-    to zero), the per-position gradients stacked as the record's rows, (n, positions, *parameter): the norm
+    """Opacus' own Conv1d grad sampler, given each output position as a record of its own (its input window and
+    its backprop), the per-position gradients kept as the record's rows, (n, positions, *parameter): the norm
     ghost clipping takes of them is √(Σ_q |g_q|²), the unfold formula with its sum over the positions q
-    dropped, instead of the norm of the gradient summed over them."""
+    dropped, instead of the norm of the gradient summed over them. For an unpadded Conv1d (the conv design's)."""
     from opacus.grad_sample.conv import compute_conv_grad_sample
 
-    positions = backprops.shape[-1]
-    rows = []
-    for q in range(positions):
-        alone = torch.zeros_like(backprops)
-        alone[..., q] = backprops[..., q]
-        rows.append(compute_conv_grad_sample(layer, activations, alone))
-    return {param: torch.stack([row[param] for row in rows], dim=1) for param in rows[0]}
+    if layer.padding not in ((0,), "valid"):
+        raise ValueError(f"positions_as_rows_conv takes an unpadded Conv1d, got padding={layer.padding!r}")
+    n, positions = backprops.shape[0], backprops.shape[-1]
+    span = layer.dilation[0] * (layer.kernel_size[0] - 1) + 1
+    windows = activations[0].unfold(-1, span, layer.stride[0])  # (n, d, positions, span)
+    windows = windows.permute(0, 2, 1, 3).reshape(n * positions, layer.in_channels, span)
+    alone = backprops.permute(0, 2, 1).reshape(n * positions, -1, 1)
+    rows = compute_conv_grad_sample(layer, [windows], alone)
+    return {param: grad.reshape(n, positions, *grad.shape[1:]) for param, grad in rows.items()}
 
 
 #: The formula-breaking samplers by layer design: the registry of Opacus' ghost-clipping module they replace
