@@ -28,11 +28,13 @@ units of the non-members' spread, over the claimed mu (1 = the whole claimed sig
     python benchmarks/layer_sim.py [design ...] [--m M] [--undercount rows|bias]
 
 ``--m``: canaries of the one simulated run (default 2000; the layer designs pool runs of 500 or 1000);
-``--undercount``: the convolution's formula bug, its positions as rows (default) or its bias's alone.
+``--undercount bias``: the convolution's formula takes the positions as rows for its bias alone (default: for
+its weight and bias).
 
 Measured (rng seed 0): separation/mu of the correct mechanism 0.98-1.17, of the undercounting formula 3.9-4.0
-(embedding), 2.8-2.9 (linear_3d); layer_norm 0.94-1.11 and 4.0-4.2. conv: see the module's __main__ output
-in benchmarks/results/layer-designs.md.
+(embedding), 2.8-2.9 (linear_3d); layer_norm 0.94-1.11 and 4.0-4.2. conv (`conv`, `conv --m 500`, the design's
+runs, `conv --m 500 --undercount bias`): correct 0.78-1.04 and 0.92-1.23, positions as rows 4.0-4.1 and 3.2-3.5
+(at 500 canaries a run the larger steps leave the linear regime a little), the bias's alone 2.6-2.8.
 """
 import argparse
 

@@ -280,7 +280,7 @@ LAYER_VARIANTS = [
 
 @pytest.mark.parametrize("variant, layer", LAYER_VARIANTS)
 def test_each_layer_design_refutes_the_variant_that_undercounts_its_layer(variant, layer):
-    """Statistical: the variant's canaries carry about 4× (embedding, LayerNorm), 3.5× (conv) and 2.8× (linear) the
+    """Statistical: the variant's canaries carry about 4× (embedding, LayerNorm), 3.4× (conv) and 2.8× (linear) the
     claimed signal (benchmarks/results/layer-designs.md: refuted on 5 of 5 seeds at the quick profile, ρ ≥
     2.5). Here with a quarter of the quick profile's canaries (1000 in 2 runs), where such a signal still
     refutes the claim at 95 % with a miss probability far below 1e-3 at seed 0; a miss means the design no
