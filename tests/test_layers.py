@@ -266,6 +266,15 @@ def test_the_conv_variant_keeps_opacus_per_position_gradients_as_rows():
         positions_as_rows_conv(torch.nn.Conv1d(2, 3, 3, padding=1), activations, backprops)
 
 
+def test_tf_privacy_has_no_conv_design_and_says_why():
+    """TF-Privacy's fast-clipping registry has no convolution: its model builder names the design n/a."""
+    pytest.importorskip("tensorflow_privacy")
+    from dpverify_tfprivacy._keras import build_mlp as build_keras_model
+
+    with pytest.raises(ValueError, match="'conv' layer design is n/a for TF-Privacy: its fast-clipping layer registry"):
+        build_keras_model(_request("conv"))
+
+
 #: Each layer variant with its layer: Opacus' (ghost clipping's registry) and TF-Privacy's (fast clipping's).
 #: (TF-Privacy's embedding and LayerNorm variants, 20 s each here, are in benchmarks/results/layer-designs-tf.md
 #: only.)
