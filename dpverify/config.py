@@ -428,7 +428,9 @@ LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_
 #: profile's lr 2 moved it 0.57 a step, out of the linear regime: ρ 0.79 instead of 1.02, seed 1). ``conv``:
 #: as ``linear_3d`` through a Conv1d of kernel 3 with 16 outputs (18 inputs), so that a formula that keeps the
 #: positions as rows states 4 times too little, and one that does so for the bias alone 3.1 times (the
-#: numpy ceiling at 500 canaries a run: 3.2–3.5 and 2.6–2.8, benchmarks/layer_sim.py).
+#: numpy ceiling at 500 canaries a run: 3.2–3.5 and 2.6–2.8, benchmarks/layer_sim.py). The weight holds
+#: 3·0.125² / (1 + 3·0.125²) = 4.5 % of a record's squared norm, so a formula that drops one kernel offset
+#: (0.8 % of the norm) is not seen.
 LAYER_SETTINGS: dict[str, dict[str, Any]] = {
     "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
     "linear_3d": dict(
