@@ -2,6 +2,7 @@
 variant whose per-layer norm formula undercounts its layer, at the per-audit confidence the main job gives it?
 
     python benchmarks/layer_designs.py --seeds 5
+    python benchmarks/layer_designs.py --seeds 5 --layers conv --append
     python benchmarks/layer_designs.py --timing --seeds 3 --output layer-designs-speed.md
 
 Writes ``benchmarks/results/layer-designs.md``: per implementation and layer design, the violations in the
@@ -16,6 +17,9 @@ as this one was.
 audits one after the other in one process (after one warm-up audit each, which imports and traces), and
 writes each audit's median seconds and its ratio to the same implementation's default audit: on a shared
 machine the ratio is the number that carries over.
+
+``--layers`` runs those layer designs only (and, outside ``--timing``, no default audit); ``--append`` adds
+the run to the output file as a new dated section instead of replacing the file.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ import numpy as np
 
 from dpverify.audits import run_audit
 from dpverify.config import layer_config, profile_config
+from dpverify.contract import LAYERS
 from dpverify.gate import gate_audits
 from dpverify.registry import registered_implementations
 from dpverify.session import AuditSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from two_world import _range, _write, header, verdict_cells  # noqa: E402
+from two_world import RESULTS, _range, _write, header, verdict_cells  # noqa: E402
 
 
 def main() -> None:
@@ -43,6 +48,8 @@ def main() -> None:
     parser.add_argument("--implementations", nargs="*", help="names (default: every one with layer designs)")
     parser.add_argument("--output", default="layer-designs.md")
     parser.add_argument("--timing", action="store_true", help="time the correct implementations' audits, interleaved")
+    parser.add_argument("--layers", nargs="*", choices=LAYERS, help="layer designs (default: every one)")
+    parser.add_argument("--append", action="store_true", help="add a dated section to the output file")
     args = parser.parse_args()
     import torch
 
@@ -59,8 +66,8 @@ def main() -> None:
             "audits here, session 0.95); seed s is the session seed, as `dpverify audit --all --seed s` runs it",
             "- settings: `dpverify.config.LAYER_SETTINGS` (quick profile: q = 1, 10 steps, C = 0.5, target ε 2, "
             "inclusion design; embedding 4 runs × 1000 canaries, 16 positions, lr 2; linear_3d 8 × 500, 9 positions, "
-            "lr 2; layer_norm 8 × 500, 4 positions, lr 1/8); the numpy ceiling of the same designs: "
-            "`python benchmarks/layer_sim.py`",
+            "lr 2; layer_norm 8 × 500, 4 positions, lr 1/8; conv 8 × 500, kernel 3, 16 outputs, lr 2); the numpy "
+            "ceiling of the same designs: `python benchmarks/layer_sim.py`",
         ],
     ) + [
         "| implementation | expected | layer | violations | as expected | ε_L (min – max) | curve ε_L (min – max) | ρ (median) | k* (median) | s/audit (median) |",
@@ -69,8 +76,9 @@ def main() -> None:
     if args.timing:
         _timing(args, chosen, confidence)
         return
-    rows = [(i, a) for i in chosen for a in gate_audits([i.info], worlds="none") if a.layer is not None]
-    rows += [(i, gate_audits([i.info], worlds="none")[0]) for i in chosen if i.info.expected == "private"]
+    rows = [(i, a) for i in chosen for a in gate_audits([i.info], worlds="none") if _chosen_layer(a.layer, args)]
+    if not args.layers:
+        rows += [(i, gate_audits([i.info], worlds="none")[0]) for i in chosen if i.info.expected == "private"]
     for implementation, audit in rows:
         info = implementation.info
         results, seconds = [], []
@@ -88,15 +96,34 @@ def main() -> None:
         row = (
             verdict_cells(info, audit.layer or "none (default one-run audit)", results)
             + f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
-            f"{np.median(deficits) if deficits else float('nan'):.2f} | {np.median(seconds):.1f} |"
+            f"{f'{np.median(deficits):.2f}' if deficits else 'not stated'} | {np.median(seconds):.1f} |"
         )
         print(row, flush=True)
         lines.append(row)
+    _write_section(args, lines)
+
+
+def _chosen_layer(layer: str | None, args) -> bool:
+    """Whether a gate audit of ``layer`` (``None``: the default one-run audit) is a layer audit ``--layers`` chose."""
+    return layer is not None and (not args.layers or layer in args.layers)
+
+
+def _write_section(args, lines: list[str]) -> None:
+    """The output file: ``lines``, or with ``--append`` the file's text and ``lines`` as its next section."""
+    path = RESULTS / args.output
+    if args.append and path.exists():
+        lines = [path.read_text().rstrip("\n"), "", "#" + lines[0], *lines[1:]]
     _write(args.output, lines)
 
 
 def _timing(args, chosen, confidence: float) -> None:
-    audits = [(i, a) for i in chosen if i.info.expected == "private" for a in gate_audits([i.info], worlds="none")]
+    audits = [
+        (i, a)
+        for i in chosen
+        if i.info.expected == "private"
+        for a in gate_audits([i.info], worlds="none")
+        if a.layer is None or _chosen_layer(a.layer, args)
+    ]
 
     def config(audit, seed):
         base = profile_config("quick") if audit.layer is None else layer_config("quick", audit.layer)
@@ -118,7 +145,7 @@ def _timing(args, chosen, confidence: float) -> None:
         row = f"| {name} | {kind} | {np.median(values):.1f} | {_range(values)} | {np.median(values) / default:.2f} |"
         print(row, flush=True)
         lines.append(row)
-    _write(args.output, lines)
+    _write_section(args, lines)
 
 
 if __name__ == "__main__":

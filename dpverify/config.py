@@ -65,7 +65,7 @@ class AuditConfig:
 
     A :class:`~dpverify.contract.LayerArchitecture` (:func:`layer_config`) designates one layer that fast
     clipping computes a per-record norm for by a formula of its own, with canaries that own that layer's
-    parameters (``dirac`` tokens for ``embedding``, ``owned_labels`` for ``linear_3d``).
+    parameters (``dirac`` tokens for ``embedding``, ``owned_labels`` for the others).
 
     ``two_world`` trains the implementation ``worlds.runs`` times on each of two crafted neighbouring
     datasets (:class:`~dpverify.canaries.worlds.TwoWorldConfig`) with this config's model and training, and
@@ -273,7 +273,7 @@ def override_architecture(
 
 def check_layer_canaries(architecture: LayerArchitecture, mode: str, design: str) -> None:
     """A layer design needs synthetic canaries that own its layer's parameters: ``dirac`` tokens own their
-    embedding row; ``owned_labels`` own their rows of a linear layer and its bias coordinates."""
+    embedding row; ``owned_labels`` own their rows of a linear or convolution layer and its bias coordinates."""
     if design not in SYNTHETIC_DESIGNS:
         raise ValueError(f"a layer design takes the synthetic designs {SYNTHETIC_DESIGNS}, got design={design!r}")
     needed = LAYER_CANARY_MODES[architecture.layer]
@@ -417,7 +417,7 @@ def profile_config(name: str, **overrides: Any) -> AuditConfig:
 
 
 #: The canary mode whose canaries own a layer's parameters (:func:`check_layer_canaries`).
-LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_norm": "owned_labels"}
+LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_norm": "owned_labels", "conv": "owned_labels"}
 #: What the default gate designates in each layer design at the quick profile, fixed before any audit ran:
 #: the Dirac quick profile's training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions, so
 #: that a formula that takes the positions as separate rows states too little by √16 = 4 for the embedding
@@ -429,7 +429,12 @@ LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_
 #: feature on its label's coordinate, T = 4, so that a formula that averages the positions states 4 times too
 #: little. Its normalised feature is √1000 ≈ 32 on the label's coordinate, so a clipped step moves the
 #: canary's logit T·32 times lr·C/N: lr 1/8 keeps that at 0.016 a step, as the other designs' (the Dirac
-#: profile's lr 2 moved it 0.57 a step, out of the linear regime: ρ 0.79 instead of 1.02, seed 1).
+#: profile's lr 2 moved it 0.57 a step, out of the linear regime: ρ 0.79 instead of 1.02, seed 1). ``conv``:
+#: as ``linear_3d`` through a Conv1d of kernel 3 with 16 outputs (18 inputs), so that a formula that keeps the
+#: positions as rows states 4 times too little, and one that does so for the bias alone 3.1 times (the
+#: numpy ceiling at 500 canaries a run: 3.2–3.5 and 2.6–2.8, benchmarks/layer_sim.py). The weight holds
+#: 3·0.125² / (1 + 3·0.125²) = 4.5 % of a record's squared norm, so a formula that drops one kernel offset
+#: (0.8 % of the norm) is not seen.
 LAYER_SETTINGS: dict[str, dict[str, Any]] = {
     "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
     "linear_3d": dict(
@@ -437,6 +442,9 @@ LAYER_SETTINGS: dict[str, dict[str, Any]] = {
     ),
     "layer_norm": dict(
         m=4000, pooled_runs=8, positions=4, num_classes=2, mode="owned_labels", feature_scale=1.0, learning_rate=0.125
+    ),
+    "conv": dict(
+        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.125
     ),
 }
 #: Each profile's canaries of a layer design, as a multiple of the quick setting's (more pooled runs).

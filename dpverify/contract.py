@@ -89,9 +89,12 @@ class TransformerArchitecture:
             raise ValueError(f"width must be a multiple of heads, got width={self.width}, heads={self.heads}")
 
 
-Layer = Literal["embedding", "linear_3d", "layer_norm"]
+Layer = Literal["embedding", "linear_3d", "layer_norm", "conv"]
 #: The layer types a :class:`LayerArchitecture` designates, each a per-layer norm formula of fast clipping.
-LAYERS: tuple[str, ...] = ("embedding", "linear_3d", "layer_norm")
+LAYERS: tuple[str, ...] = ("embedding", "linear_3d", "layer_norm", "conv")
+#: The width of the ``conv`` design's kernel (a convolution's common 3): a record's input sequence is
+#: ``positions + CONV_KERNEL_SIZE - 1`` long, so that the convolution has ``positions`` outputs.
+CONV_KERNEL_SIZE = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +113,10 @@ class LayerArchitecture:
     - ``layer_norm``: ``LayerNorm(d)`` with its affine weight and bias on the (n, positions, d) sequence, d = C
       (its outputs are the logits). With owned labels whose feature sits on the label's coordinate, canary j
       alone moves its label's coordinates of the weight and the bias.
+    - ``conv``: ``Conv1d(d, C, CONV_KERNEL_SIZE)`` with bias, no padding, on the (n, d, positions + kernel - 1)
+      sequence, so that it has ``positions`` outputs. With owned labels, as ``linear_3d``, canary j alone moves
+      its label's row of the weight (every kernel offset) and its coordinate of the bias, each a sum over the
+      output positions.
 
     Zero weights make every gradient first order from the first step. A norm formula that takes a record's
     positions as separate rows (squared norms summed, not the gradient summed first) states √positions

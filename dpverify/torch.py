@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpverify.contract import LayerArchitecture, TrainingRequest
+from dpverify.contract import CONV_KERNEL_SIZE, LAYERS, LayerArchitecture, TrainingRequest
 from dpverify.seeds import Seeds, seeds_for  # noqa: F401  (part of this module's helpers, see __all__)
 
 __all__ = [
@@ -164,7 +164,8 @@ class LayerModel(nn.Module):
     sequence of ``positions`` equal positions, one zero-initialised layer on the sequence, the outputs summed
     over the positions. ``embedding``: the token is the record's largest feature, ``Embedding(d, C)``;
     ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) input; ``layer_norm``: ``LayerNorm(d)``
-    with its affine weight and bias on it (d = C)."""
+    with its affine weight and bias on it (d = C); ``conv``: ``Conv1d(d, C, CONV_KERNEL_SIZE)`` with bias on
+    the (n, d, positions + kernel - 1) input, ``positions`` outputs."""
 
     def __init__(self, dimension: int, num_classes: int, *, layer: str, positions: int) -> None:
         super().__init__()
@@ -180,8 +181,10 @@ class LayerModel(nn.Module):
                     f"dimension must equal num_classes, got dimension={dimension}, num_classes={num_classes}"
                 )
             self.layer = nn.LayerNorm(dimension)
+        elif layer == "conv":
+            self.layer = nn.Conv1d(dimension, num_classes, CONV_KERNEL_SIZE)
         else:
-            raise ValueError(f"layer must be 'embedding', 'linear_3d' or 'layer_norm', got {layer!r}")
+            raise ValueError(f"layer must be one of {', '.join(LAYERS)}, got {layer!r}")
         if getattr(self.layer, "bias", None) is not None:
             nn.init.zeros_(self.layer.bias)
         nn.init.zeros_(self.layer.weight)
@@ -189,6 +192,9 @@ class LayerModel(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if isinstance(self.layer, nn.Embedding):
             sequence = features.argmax(dim=-1, keepdim=True).repeat(1, self.positions)  # Opacus views it flat
+        elif isinstance(self.layer, nn.Conv1d):  # channels first; its outputs (n, C, positions)
+            sequence = features.unsqueeze(-1).expand(-1, -1, self.positions + CONV_KERNEL_SIZE - 1)
+            return self.layer(sequence).sum(dim=-1)
         else:
             sequence = features.unsqueeze(1).expand(-1, self.positions, -1)
         return self.layer(sequence).sum(dim=1)

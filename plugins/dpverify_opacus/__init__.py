@@ -195,8 +195,10 @@ def _info(name: str, **fields: Any) -> ImplementationInfo:
     return ImplementationInfo(name=name, library="opacus", requires=_REQUIRES, extra="opacus", **fields)
 
 
-#: The layer designs both grad_sample_modes train (:class:`dpverify.contract.LayerArchitecture`).
-LAYERS = ("embedding", "linear_3d", "layer_norm")
+#: The layer designs both grad_sample_modes train (:class:`dpverify.contract.LayerArchitecture`); ``conv`` through
+#: Opacus' Conv1d grad sampler (every release from 1.4.0; ghost clipping, which has no Conv norm sampler, takes
+#: the norms of its per-sample gradients).
+LAYERS = ("embedding", "linear_3d", "layer_norm", "conv")
 
 
 def _missing_path(name: str, grad_sample_mode: str, *, norm_sampler: str | None = None) -> str | None:
@@ -417,6 +419,16 @@ VARIANTS: tuple[VariantSpec, ...] = (
                 "Opacus' own LayerNorm grad sampler divided by the positions, in the run's copy of "
                 "GradSampleModuleFastGradientClipping.GRAD_SAMPLERS (ghost mode has no LayerNorm norm sampler; "
                 "it takes norms of these); seen by the layer_norm design (4 positions: sensitivity 4C)",
+            ),
+            (
+                "conv",
+                "conv",
+                "ghost clipping's Conv1d norm takes a record's output positions as separate rows, √(Σ_q |g_q|²), "
+                "not the norm of the gradient summed over them (the unfold formula's sum over positions dropped)",
+                "Opacus' own Conv1d grad sampler applied to each output position alone, the per-position gradients "
+                "kept as the record's rows, in the run's copy of GradSampleModuleFastGradientClipping.GRAD_SAMPLERS "
+                "(ghost mode has no Conv norm sampler; it takes norms of these); seen by the conv design (16 "
+                "positions: sensitivity 4C)",
             ),
         )
     ),

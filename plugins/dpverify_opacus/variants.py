@@ -414,12 +414,31 @@ def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
     return {param: grad / positions for param, grad in grads.items()}
 
 
+def positions_as_rows_conv(layer: nn.Conv1d, activations, backprops):
+    """Opacus' own Conv1d grad sampler, given each output position as a record of its own (its input window and
+    its backprop), the per-position gradients kept as the record's rows, (n, positions, *parameter): the norm
+    ghost clipping takes of them is √(Σ_q |g_q|²), the unfold formula with its sum over the positions q
+    dropped, instead of the norm of the gradient summed over them. For an unpadded Conv1d (the conv design's)."""
+    from opacus.grad_sample.conv import compute_conv_grad_sample
+
+    if layer.padding not in ((0,), "valid"):
+        raise ValueError(f"positions_as_rows_conv takes an unpadded Conv1d, got padding={layer.padding!r}")
+    n, positions = backprops.shape[0], backprops.shape[-1]
+    span = layer.dilation[0] * (layer.kernel_size[0] - 1) + 1
+    windows = activations[0].unfold(-1, span, layer.stride[0])  # (n, d, positions, span)
+    windows = windows.permute(0, 2, 1, 3).reshape(n * positions, layer.in_channels, span)
+    alone = backprops.permute(0, 2, 1).reshape(n * positions, -1, 1)
+    rows = compute_conv_grad_sample(layer, [windows], alone)
+    return {param: grad.reshape(n, positions, *grad.shape[1:]) for param, grad in rows.items()}
+
+
 #: The formula-breaking samplers by layer design: the registry of Opacus' ghost-clipping module they replace
 #: an entry of, the layer type, and the sampler.
 UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[str, type, Callable]] = {
     "embedding": ("NORM_SAMPLERS", nn.Embedding, positions_as_rows_embedding),
     "linear_3d": ("NORM_SAMPLERS", nn.Linear, positions_as_rows_linear_bias),
     "layer_norm": ("GRAD_SAMPLERS", nn.LayerNorm, positions_averaged_layer_norm),
+    "conv": ("GRAD_SAMPLERS", nn.Conv1d, positions_as_rows_conv),
 }
 
 

@@ -162,6 +162,8 @@ _VARIANTS = (
 )
 
 #: The layer designs TF-Privacy's fast clipping trains (its registry's Dense, Embedding, LayerNormalization).
+#: ``conv`` is n/a: the registry has no convolution (dense, einsum_dense, embedding, layer_normalization,
+#: multi_head_attention, nlp_* only), so fast clipping has no Conv norm formula to audit.
 _LAYERS = ("embedding", "linear_3d", "layer_norm")
 
 #: The variants whose fast-clipping registry function for one layer undercounts its records' norms (bugs.md

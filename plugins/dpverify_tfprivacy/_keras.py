@@ -200,7 +200,7 @@ def build_layer_model(
     elif architecture.layer == "linear_3d":
         sequence = tf.keras.layers.RepeatVector(positions)(features)
         outputs = tf.keras.layers.Dense(request.num_classes, kernel_initializer="zeros", bias_initializer="zeros")(sequence)
-    else:
+    elif architecture.layer == "layer_norm":
         if request.dimension != request.num_classes:
             raise ValueError(
                 f"the layer_norm design's outputs are its inputs' normalised coordinates, so the features' "
@@ -208,6 +208,12 @@ def build_layer_model(
             )
         sequence = tf.keras.layers.RepeatVector(positions)(features)
         outputs = tf.keras.layers.LayerNormalization(gamma_initializer="zeros", beta_initializer="zeros")(sequence)
+    else:
+        raise ValueError(
+            f"the {architecture.layer!r} layer design is n/a for TF-Privacy: its fast-clipping layer registry has no such "
+            "layer (dense, einsum_dense, embedding, layer_normalization, multi_head_attention, nlp_* only); "
+            "audit it with an implementation whose ImplementationInfo.layers names it"
+        )
     logits = tf.keras.layers.Lambda(lambda y: tf.reduce_sum(y, axis=1), name="sum_positions")(outputs)
     return model_class(inputs=features, outputs=logits)
 
