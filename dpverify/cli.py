@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from dpverify import __version__
-from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES
+from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, one_run_full_batch
 from dpverify.execution import EXECUTORS, ExecutorSpec
 from dpverify.progress import ProgressLine, StreamDisplay
 from dpverify.session import EXCLUDE
@@ -402,7 +402,11 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     # A run that asks for one design (--design) gets that design only: no worlds or layers unless asked.
     layers = args.layers == "applicable" or (args.layers is None and args.design is None)
     audits = gate_audits(
-        [impl.info for impl in chosen], worlds=_worlds(args), every_update=_every_update(args), layers=layers
+        [impl.info for impl in chosen],
+        worlds=_worlds(args),
+        every_update=_every_update(args),
+        layers=layers,
+        full_batch=one_run_full_batch(args.profile, overrides),
     )
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.

@@ -482,6 +482,13 @@ def layer_config(profile: str, layer: str, **overrides: Any) -> AuditConfig:
 LAYER_GATE_SETTINGS: tuple[str, ...] = ("device", "timeout")
 
 
+def one_run_full_batch(profile: str, settings: dict[str, Any]) -> bool:
+    """Whether the one-run audits of ``profile`` with a run's ``settings`` (``--set``, ``--dp-audit-set``)
+    train at q = 1 (:func:`dpverify.gate.gate_audits`' ``full_batch``)."""
+    chosen = {k: v for k, v in settings.items() if k in OVERRIDABLE}
+    return profile_config(profile, **chosen).hyperparameters.sampling_rate == 1.0
+
+
 def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> AuditConfig:
     """:func:`layer_config` with those of a run's ``settings`` (meant for every audit: ``--set``,
     ``--dp-audit-set``) that a gate layer audit takes (:data:`LAYER_GATE_SETTINGS`)."""

@@ -16,11 +16,17 @@ from dataclasses import dataclass
 from dpverify.canaries.worlds import BATCH_SIZE_NORMALISED, WORLD_BUGS, WORLD_KINDS
 from dpverify.contract import ImplementationInfo
 
-__all__ = ["EVERY_UPDATE_BUGS", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
+__all__ = ["EVERY_UPDATE_BUGS", "FULL_BATCH_BLIND", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
 
 #: The bugs.md rows whose buggy variants get the every-update audit: the accountant fed the wrong numbers
 #: (too few steps, too small q), which at q < 1 only the claim's own subsampled curve shows.
 EVERY_UPDATE_BUGS: tuple[int, ...] = (8,)
+
+#: The bugs.md rows a one-run audit at q = 1 cannot see, and the world that can: shuffled fixed-size batches
+#: (row 9) at q = 1 are one batch of the whole dataset, the same mechanism as Poisson sampling at q = 1, so
+#: the implementation's one-run audit there would repeat its Poisson twin's; the gate gives it the
+#: fixed-batch world instead (when that world runs).
+FULL_BATCH_BLIND: dict[int, str] = {9: "fixed_batch"}
 
 #: ``--dp-audit-worlds`` / ``--worlds`` words besides world names: every world that applies, or none.
 WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
@@ -100,13 +106,15 @@ def gate_audits(
     worlds: str | tuple[str, ...] = "applicable",
     every_update: bool = True,
     layers: bool = True,
+    full_batch: bool = True,
 ) -> list[GateAudit]:
     """The gate's audits of ``infos``, each one-run audit followed by its every-update audit (where
     ``every_update`` and :func:`every_update_applies`), its two-world audits and its layer designs' audits
     (:attr:`~dpverify.contract.ImplementationInfo.layers`): ``worlds`` is ``"applicable"`` (every world that
     applies), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves the layer designs
     out (a run that asks for one design). A buggy variant that breaks a layer's norm formula gets its layers'
-    audits only: the other designs cannot see it."""
+    audits only: the other designs cannot see it. ``full_batch``: the one-run audits train at q = 1 (every
+    profile but ``paper``), where an implementation of a :data:`FULL_BATCH_BLIND` row gets its world instead."""
     if isinstance(worlds, str) and worlds not in WORLD_CHOICE_WORDS:
         raise ValueError(f"worlds must be one of {', '.join(WORLD_CHOICE_WORDS)} or world names, got {worlds!r}")
     if not isinstance(worlds, str):
@@ -119,12 +127,13 @@ def gate_audits(
         if info.layers and info.expected == "violation":
             audits.extend(own_layers if layers else [])
             continue
-        audits.append(GateAudit(info.name, info.expected))
-        if every_update and every_update_applies(info):
-            audits.append(GateAudit(info.name, info.expected, every_update=True))
         chosen = () if worlds == "none" else applicable_worlds(info)
         if not isinstance(worlds, str):
             chosen = tuple(world for world in chosen if world in worlds)
+        if not (full_batch and FULL_BATCH_BLIND.get(info.bug) in chosen):
+            audits.append(GateAudit(info.name, info.expected))
+        if every_update and every_update_applies(info):
+            audits.append(GateAudit(info.name, info.expected, every_update=True))
         audits.extend(GateAudit(info.name, info.expected, world) for world in chosen)
         audits.extend(own_layers if layers else [])
     return audits

@@ -12,7 +12,7 @@ from dpverify.canaries.synthetic import CanaryConfig, make_canaries
 from dpverify.config import DATA_DESIGNS, AuditConfig, profile_config
 from dpverify.contract import DPHyperparameters, MLPArchitecture, TrainingRequest
 from dpverify.registry import get_implementation
-from tests.doubles import Memoriser
+from tests.doubles import GaussianMechanism, Memoriser
 
 
 def test_dirac_canaries_own_one_coordinate_each_at_the_feature_scale():
@@ -111,16 +111,17 @@ def test_a_pooled_audit_is_its_runs_side_by_side_and_its_first_run_is_the_unpool
     assert "Fisher's combination over 3 independent runs" in pooled.summary()
 
 
-class ClaimsDrift(Memoriser):
-    """Claims a larger ε on each run: pooled runs that disagree on their claim."""
+class ClaimsDrift(GaussianMechanism):
+    """Claims a larger ε on each run (each run the mechanism it claims, so no look refutes it before the
+    claims differ): pooled runs that disagree on their claim."""
 
     def __init__(self) -> None:
-        super().__init__(claimed_epsilon=1.0)
+        super().__init__(claimed_epsilon=2.0)
         self.runs = 0
 
     def train(self, request):
         self.runs += 1
-        self.claimed_epsilon = float(self.runs)
+        self.claimed_epsilon = float(1 + self.runs)
         return super().train(request)
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dpverify.config import EVERY_UPDATE_SETTING, profile_config, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
+from dpverify.config import EVERY_UPDATE_SETTING, one_run_full_batch, profile_config, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
 from dpverify.contract import ImplementationInfo
 from dpverify.gate import EVERY_UPDATE_BUGS, applicable_worlds, every_update_applies, gate_audits
 from tests.test_plugin import CONFTEST, REPO, run
@@ -63,6 +63,21 @@ def test_gate_audits_put_each_one_run_audit_before_its_every_update_audit_and_wo
     assert [a.test_name for a in gate_audits([PRIVATE], worlds="none", every_update=False)] == ["dp-audit[mine]"]
     chosen = gate_audits([PRIVATE, WITH_MICROBATCHES], worlds=("microbatch",), every_update=False)
     assert [a.test_name for a in chosen] == ["dp-audit[mine]", "dp-audit[micro]", "two-world[micro-microbatch]"]
+
+
+def test_shuffled_fixed_batches_get_their_world_instead_of_a_full_batch_one_run_audit():
+    """At q = 1 fixed batches are the whole dataset (the Poisson twin's mechanism): the one-run audit is
+    left out where the fixed-batch world runs, and kept where it does not or where the one-run audits
+    subsample (the paper profile)."""
+    shuffled = ImplementationInfo(name="shuffled", library="numpy", expected="known-issue", issue="https://example.org/9", bug=9)
+    assert [a.test_name for a in gate_audits([shuffled])] == ["two-world[shuffled-fixed_batch]"]
+    assert [a.test_name for a in gate_audits([_variant(9)])] == ["two-world[row-9-fixed_batch]"]
+    assert [a.test_name for a in gate_audits([shuffled], worlds="none")] == ["dp-audit[shuffled]"]
+    assert [a.test_name for a in gate_audits([shuffled], full_batch=False)] == [
+        "dp-audit[shuffled]", "two-world[shuffled-fixed_batch]"
+    ]  # fmt: skip
+    assert one_run_full_batch("quick", {}) and one_run_full_batch("standard", {"m": 2000})
+    assert not one_run_full_batch("paper", {}) and not one_run_full_batch("quick", {"sampling_rate": 0.5})
 
 
 def test_every_classifier_expected_private_gets_the_every_update_audit_and_variants_and_known_issues_of_row_8():

@@ -38,6 +38,7 @@ from dpverify.stats.curves import (
     curve_refutes,
     curve_test,
 )
+from dpverify.stats.looks import POOLED_LOOKS, look_schedule
 from dpverify.stats.power import AuditPower, judge, measure_power, one_run_deficit
 from dpverify.stats.scoring import GuessRule, correct_counts
 
@@ -91,13 +92,23 @@ def split_confidence(confidence: float) -> tuple[float, float]:
     return 1.0 - alpha, 1.0 - alpha
 
 
+def pooled_looks(config: AuditSettings) -> list[tuple[int, float]]:
+    """The looks at the audit's pooled runs, ``[(runs, confidence), ...]`` (:data:`~dpverify.stats.looks.POOLED_LOOKS`)."""
+    return look_schedule(getattr(config, "pooled_runs", 1), config.confidence, looks=POOLED_LOOKS)
+
+
+def final_look_confidence(config: AuditSettings) -> float:
+    """The confidence of the audit's last look, on all its runs: the one a pass is decided at."""
+    return pooled_looks(config)[-1][1]
+
+
 def audit_ceiling(config: AuditSettings, m: int | None = None, *, delta: float | None = None) -> float:
-    """ε_O of this audit: the largest ε_L its (ε, δ) test could report, every guess correct, at ``delta``
-    (the claim's; the requested δ before there is a claim)."""
+    """ε_O of this audit: the largest ε_L its (ε, δ) test could report at its last look, every guess correct,
+    at ``delta`` (the claim's; the requested δ before there is a claim)."""
     m = config.audit_size if m is None else m
     delta = config.hyperparameters.delta if delta is None else delta
     counts = config.guess_rule.counts(m)
-    confidence = config.guess_rule.corrected_confidence(split_confidence(config.confidence)[0])
+    confidence = config.guess_rule.corrected_confidence(split_confidence(final_look_confidence(config))[0])
     return float(np.max(epsilon_lower_bound(m, counts, counts, delta=delta, confidence=confidence)))
 
 
@@ -111,7 +122,7 @@ def curve_test_can_refute(
     canaries) defaults to ``(m,)`` when m is given, else to the config's own split."""
     if sizes is None:
         sizes = getattr(config, "canaries_per_run", (config.audit_size,)) if m is None else (m,)
-    confidence = config.guess_rule.corrected_confidence(split_confidence(config.confidence)[1])
+    confidence = config.guess_rule.corrected_confidence(split_confidence(final_look_confidence(config))[1])
     curve = GaussianCurve(mu=mu)
     if len(sizes) == 1:
         counts = config.guess_rule.counts(sizes[0])
@@ -600,41 +611,74 @@ def decide_verdict(
     return "pass", None
 
 
+@dataclass(frozen=True)
+class TestedRuns:
+    """Both tests of an audit's pooled runs at one ``confidence`` (a look's share, :mod:`dpverify.stats.looks`):
+    the (ε, δ) test's ``outcome``, the curve test's ``curve``, the ``verdict`` they give (with ``needed``
+    canaries when undecided), the claim's mechanism ``run``, its δ and the runs' sizes."""
+
+    outcome: GuessOutcome
+    curve: CurveOutcome
+    verdict: str
+    needed: int | None
+    confidence: float
+    run: ClaimedRun
+    delta: float
+    run_sizes: tuple[int, ...]
+
+
+def test_runs(
+    config: AuditSettings,
+    trained: ScoredRun,
+    scores: np.ndarray,
+    membership: np.ndarray,
+    *,
+    claimed: float,
+    run_sizes: tuple[int, ...],
+    confidence: float,
+) -> TestedRuns:
+    """Both tests of ``scores`` against ``membership`` at ``confidence`` (split evenly between them) and the
+    verdict they give; ``claimed`` is :func:`claimed_epsilon` of ``trained`` (any run: pooled runs make one
+    claim). Both tests use the δ the claim holds at (design rule 8)."""
+    m = int(sum(run_sizes))
+    delta = trained.claim.delta
+    steinke_confidence, curve_confidence = split_confidence(confidence)
+    outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke_confidence, delta=delta)
+    run = claimed_run(trained.claim, config.relation)
+    curve = curve_outcome(
+        outcome,
+        run,
+        scores=scores,
+        membership=membership,
+        run_sizes=run_sizes,
+        guess_rule=config.guess_rule,
+        confidence=curve_confidence,
+        delta=delta,
+    )
+    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m, delta=delta, curve=curve)
+    return TestedRuns(outcome, curve, verdict, needed, confidence, run, delta, run_sizes)
+
+
 def concluded_result(
     fields: dict[str, Any],
     config: AuditSettings,
     trained: ScoredRun,
     scores: np.ndarray,
     membership: np.ndarray,
+    tested: TestedRuns,
     *,
     claim: tuple[float, str],
     clock: AuditClock,
     test_accuracy: float | None = None,
-    run_sizes: tuple[int, ...] | None = None,
     not_designated: str | None = None,
 ) -> AuditResult:
-    """Both tests and the verdict of ``scores`` against ``membership``, as the audit's result; ``claim`` is
-    :func:`claimed_epsilon` of ``trained`` in the design's relation. Both tests use the δ the claim holds at
-    (design rule 8), and a claim that contradicts its own numbers is a violation whatever the scores.
-    ``not_designated``: why a run's black box is not the designated model (see :class:`ScoredRun`)."""
-    m = fields["m"]
+    """The audit's result from its runs' ``tested`` verdict: the claim check and the power beside it; ``claim``
+    is :func:`claimed_epsilon` of ``trained`` in the design's relation. A claim that contradicts its own
+    numbers is a violation whatever the scores. ``not_designated``: why a run's black box is not the
+    designated model (see :class:`ScoredRun`)."""
+    m = int(sum(tested.run_sizes))
     claimed, derivation = claim
-    delta = trained.claim.delta
-    steinke_confidence, curve_confidence = split_confidence(config.confidence)
-    outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke_confidence, delta=delta)
-    run = claimed_run(trained.claim, config.relation)
-    sizes = run_sizes or (m,)
-    curve = curve_outcome(
-        outcome,
-        run,
-        scores=scores,
-        membership=membership,
-        run_sizes=sizes,
-        guess_rule=config.guess_rule,
-        confidence=curve_confidence,
-        delta=delta,
-    )
-    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m, delta=delta, curve=curve)
+    outcome, curve, verdict, needed, delta = tested.outcome, tested.curve, tested.verdict, tested.needed, tested.delta
     failures: list[tuple[str, str]] = []
     # The claim check can only turn a verdict into a violation: should it fail, the tests' verdict stands.
     inconsistency = beside_verdict("claim check", lambda: claim_inconsistency(trained.claim), failures)
@@ -644,17 +688,17 @@ def concluded_result(
     verdict, power = power_beside_verdict(
         verdict,
         lambda: None if every_update else measure_power(
-            run,
+            tested.run,
             scores,
             membership,
             smallest_deficit=lambda fraction: one_run_deficit(
-                run,
+                tested.run,
                 fraction=fraction,
-                run_sizes=sizes,
+                run_sizes=tested.run_sizes,
                 guess_rule=config.guess_rule,
                 claimed_epsilon=claimed,
                 delta=delta,
-                confidences=(steinke_confidence, curve_confidence),
+                confidences=split_confidence(tested.confidence),
             ),
             expected_signal=expected_signal(config),
             not_designated=not_designated,
@@ -665,7 +709,7 @@ def concluded_result(
     if inconsistency:
         verdict, needed, derivation = "violation", None, f"{derivation}. {inconsistency}"
     return AuditResult(
-        **{**fields, "delta": delta},
+        **{**fields, "delta": delta, "m": m},
         claimed_epsilon=claimed,
         library_epsilon=trained.claim.epsilon,
         claim_derivation=derivation,
@@ -860,15 +904,20 @@ def audit_through_contract(
 def conclude_runs(
     implementation: Implementation, config: AuditSettings, scored: Iterable[ScoredRun], *, m: int, clock: AuditClock, device: str
 ) -> AuditResult:
-    """Convert each scored run's claim to the design's relation and conclude on all the runs' scores
-    together; any :class:`AuditFailure` on the way (raised while ``scored`` is drawn too) ends as verdict
-    ``error``. ``device`` is where training was asked to run.
+    """Convert each scored run's claim to the design's relation and test the runs together at the looks of
+    :data:`~dpverify.stats.looks.POOLED_LOOKS`: the first look that refutes the claim ends the audit (the
+    runs not yet trained are not), else the last decides on all of them. Any :class:`AuditFailure` on the
+    way (raised while ``scored`` is drawn too) ends as verdict ``error``. ``device`` is where training was
+    asked to run.
 
     Pooling R independent runs is one audit of their R·m canaries: a canary changes only its own run, and
     the runs share nothing, so the joint output is exactly as private for that canary as its run (the
     claim's (ε, δ) and curve hold canary by canary, which is all both tests assume). The runs must make
-    the same claim; one that differs is an error, not a choice of which to test."""
+    the same claim; one that differs is an error, not a choice of which to test. The looks' shares of the
+    level add up to it (union bound), so stopping at a refutation keeps the audit's confidence."""
     fields = result_fields(implementation, config, m)
+    schedule = pooled_looks(config)
+    early_looks = dict(schedule[:-1])
     try:
         pooled: list[ScoredRun] = []
         for index, run in enumerate(scored):
@@ -882,20 +931,46 @@ def conclude_runs(
                     device=run.device,
                 )
             pooled.append(run)
-        return concluded_result(
-            fields,
-            config,
-            pooled[0],
-            np.concatenate([run.scores for run in pooled]),
-            np.concatenate([run.membership for run in pooled]),
-            claim=first_claim,
-            clock=clock,
-            test_accuracy=pooled[0].test_accuracy if len(pooled) == 1 else None,
-            run_sizes=tuple(len(run.scores) for run in pooled),
-            not_designated=next((run.not_designated for run in pooled if run.not_designated), None),
-        )
+            if len(pooled) in early_looks:
+                tested = _tested(config, pooled, first_claim, early_looks[len(pooled)])
+                if tested.verdict == "violation":
+                    getattr(scored, "close", lambda: None)()
+                    return _pooled_result(fields, config, pooled, first_claim, tested, clock)
+        tested = _tested(config, pooled, first_claim, schedule[-1][1])
+        return _pooled_result(fields, config, pooled, first_claim, tested, clock)
     except AuditFailure as failure:
         return error_result(fields, config, failure, device=device, clock=clock)
+
+
+def _tested(config: AuditSettings, pooled: list[ScoredRun], claim: tuple[float, str], confidence: float) -> TestedRuns:
+    """:func:`test_runs` of the ``pooled`` runs so far at a look's ``confidence``."""
+    return test_runs(
+        config,
+        pooled[0],
+        np.concatenate([run.scores for run in pooled]),
+        np.concatenate([run.membership for run in pooled]),
+        claimed=claim[0],
+        run_sizes=tuple(len(run.scores) for run in pooled),
+        confidence=confidence,
+    )
+
+
+def _pooled_result(
+    fields: dict[str, Any], config: AuditSettings, pooled: list[ScoredRun], claim: tuple[float, str], tested: TestedRuns, clock: AuditClock
+) -> AuditResult:
+    """:func:`concluded_result` of the ``pooled`` runs the look that decided ``tested`` saw."""
+    return concluded_result(
+        fields,
+        config,
+        pooled[0],
+        np.concatenate([run.scores for run in pooled]),
+        np.concatenate([run.membership for run in pooled]),
+        tested,
+        claim=claim,
+        clock=clock,
+        test_accuracy=pooled[0].test_accuracy if len(pooled) == 1 else None,
+        not_designated=next((run.not_designated for run in pooled if run.not_designated), None),
+    )
 
 
 def until_failure(items: Iterable[Any]) -> tuple[list[Any], AuditFailure | None]:

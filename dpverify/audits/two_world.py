@@ -41,6 +41,7 @@ from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture
 from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
 from dpverify.stats.curves import ClaimedRun
+from dpverify.stats.looks import look_schedule as stats_look_schedule
 from dpverify.stats.power import AuditPower, gdp_mu, measure_power, two_world_deficit
 from dpverify.stats.two_world import (
     TradeOffCurve,
@@ -104,18 +105,7 @@ MIN_LOOK_RUNS = 20
 def look_schedule(runs: int, confidence: float) -> list[tuple[int, float]]:
     """``[(runs per world, confidence), ...]`` of :data:`LOOKS` for an audit of ``runs`` per world: a look
     under :data:`MIN_LOOK_RUNS` runs (or at the runs of the one after) gives its share to the next."""
-    level = 1.0 - check_probability("confidence", confidence)
-    schedule, carried = [], 0.0
-    for fraction, share in LOOKS:
-        at = runs if fraction == 1.0 else round(fraction * runs)
-        carried += share
-        if fraction < 1.0 and (at < MIN_LOOK_RUNS or at >= runs):
-            continue
-        if schedule and schedule[-1][0] == at:
-            continue
-        schedule.append((at, 1.0 - carried * level))
-        carried = 0.0
-    return schedule
+    return stats_look_schedule(runs, confidence, looks=LOOKS, min_runs=MIN_LOOK_RUNS)
 
 
 def _pointwise_lowest(curves: list[TradeOffCurve | None]) -> TradeOffCurve | None:

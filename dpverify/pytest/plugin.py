@@ -257,6 +257,7 @@ def _add_ready_made_audits(
 ) -> None:
     """Add the ready-made audits, only those ``named`` (node ids, or the module) when any are; a name that
     matches none is a usage error listing them."""
+    from dpverify.config import one_run_full_batch
     from dpverify.gate import gate_audits
     from dpverify.pytest.items import DPAuditItem, DPAuditModule
 
@@ -269,6 +270,7 @@ def _add_ready_made_audits(
             worlds=audit_session.worlds,
             every_update=audit_session.every_update,
             layers=audit_session.layers == "applicable",
+            full_batch=one_run_full_batch(audit_session.profile, audit_session.settings),
         )
     ]
     if named:

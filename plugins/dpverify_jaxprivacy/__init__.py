@@ -203,6 +203,7 @@ def implementations() -> list[Implementation]:
                 ImplementationInfo(
                     name="jax-privacy-keras-fixed-batches",
                     expected="known-issue",
+                    bug=9,  # shuffled fixed-size batches accounted as Poisson sampling
                     issue="https://github.com/google-deepmind/jax_privacy/issues/84",
                     notes=_FIXED_BATCH_NOTES,
                     **_KERAS,
