@@ -2,7 +2,7 @@
 
 One run: ``batch_selection.CyclicPoissonSampling`` (cycle length 1: Poisson sampling with rate q, exactly
 ``steps`` batches) draws each step's records; the batch is padded with ``pad_to_multiple_of`` (see :func:`padding_multiple`) and
-the padding marked with ``is_padding_example``, so one traced step serves a range of batch sizes; ``clipped_grad`` sums the per-example gradients of the designated model, each
+the padding marked with ``is_padding_example``, so one traced step serves a range of batch sizes; ``clipped_grad`` sums the per-example gradients of the designated model (:func:`designated_model`: softmax regression, the MLP or a layer design's, :mod:`._layers`), each
 clipped to C and rescaled to unit norm; ``gaussian_privatizer(stddev=σ · l2_norm_bound)`` adds the noise; the
 update is ``lr · C · noisy sum / normaliser`` (the C undoes the unit rescale, so the update is the designated
 one: lr times the noisy sum of rows clipped to C, over the public normaliser).
@@ -188,10 +188,10 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
         if padded.size == 0:  # an empty Poisson batch: one all-padding block keeps the step (noise only)
             padded = np.full(padding_multiple(0), -1, dtype=np.int64)
         is_padding = padded < 0
-        l2_norm_bound, traced = _traced_step(step, min(MICROBATCH, padding_multiple(batch.size)), model.logits)
+        l2_norm_bound, dp_step = _traced_step(step, min(MICROBATCH, padding_multiple(batch.size)), model.logits)
         stddev = jnp.float32(step.noise_stddev(float(noise_multiplier) * l2_norm_bound))
         rows = np.where(is_padding, 0, padded)
-        params, noise_state = traced(params, noise_state, features[rows], labels[rows], is_padding, stddev, scale)
+        params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, stddev, scale)
         hand_over_kernels(request, taken, lambda: model.order(params))
         if request.progress is not None:
             request.progress(taken, hp.steps)
