@@ -3,6 +3,7 @@ variant whose per-layer norm formula undercounts its layer, at the per-audit con
 
     python benchmarks/layer_designs.py --seeds 5
     python benchmarks/layer_designs.py --seeds 5 --layers conv --append
+    KERAS_BACKEND=jax .venvs/jax/bin/python benchmarks/layer_designs.py --seeds 5 --planned 54 --output layer-designs-jax.md
     python benchmarks/layer_designs.py --timing --seeds 3 --output layer-designs-speed.md
 
 Writes ``benchmarks/results/layer-designs.md``: per implementation and layer design, the violations in the
@@ -20,6 +21,8 @@ machine the ratio is the number that carries over.
 
 ``--layers`` runs those layer designs only (and, outside ``--timing``, no default audit); ``--append`` adds
 the run to the output file as a new dated section instead of replacing the file.
+``--planned N`` sets the per-audit confidence to the main job's, 1 − 0.05/N, where this environment plans
+fewer audits than the main job (which runs every family in one session): the JAX environment.
 """
 
 from __future__ import annotations
@@ -50,12 +53,16 @@ def main() -> None:
     parser.add_argument("--timing", action="store_true", help="time the correct implementations' audits, interleaved")
     parser.add_argument("--layers", nargs="*", choices=LAYERS, help="layer designs (default: every one)")
     parser.add_argument("--append", action="store_true", help="add a dated section to the output file")
+    parser.add_argument("--planned", type=int, help="counted audits of the main job (default: those planned here)")
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(1)
+    try:
+        import torch
+    except ImportError:  # the JAX environment
+        pass
+    else:
+        torch.set_num_threads(1)
     registered = [i for i in registered_implementations() if i.info.task == "classification" and not i.unavailable_reason()]
-    planned = sum(a.counted for a in gate_audits([i.info for i in registered]))
+    planned = args.planned or sum(a.counted for a in gate_audits([i.info for i in registered]))
     confidence = 1 - 0.05 / planned
     chosen = [i for i in registered if i.info.layers and (not args.implementations or i.info.name in args.implementations)]
     lines = header(
@@ -63,7 +70,8 @@ def main() -> None:
         args,
         [
             f"- each audit at confidence {confidence:.5f}: the main job's (`dpverify audit --all`, {planned} planned "
-            "audits here, session 0.95); seed s is the session seed, as `dpverify audit --all --seed s` runs it",
+            f"audits{' (--planned)' if args.planned else ' here'}, session 0.95); seed s is the session seed, as "
+            "`dpverify audit --all --seed s` runs it",
             "- settings: `dpverify.config.LAYER_SETTINGS` (quick profile: q = 1, 10 steps, C = 0.5, target ε 2, "
             "inclusion design; embedding 4 runs × 1000 canaries, 16 positions, lr 2; linear_3d 8 × 500, 9 positions, "
             "lr 2; layer_norm 8 × 500, 4 positions, lr 1/8; conv 8 × 500, kernel 3, 16 outputs, lr 2); the numpy "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import math
 import os
 import platform
@@ -57,19 +58,32 @@ def implementation(name: str):
 
 
 def header(title: str, args: argparse.Namespace, extra: list[str]) -> list[str]:
-    import torch
-
     return [
         f"# {title}",
         "",
         f"- device: cpu ({platform.machine()}, {os.cpu_count()} logical cores shared with other sessions, no GPU; load average {_load()} at the start); "
-        f"torch {torch.__version__}, opacus {_version('opacus')}",
+        f"{_libraries()}",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- command: `python benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}`",
-        "- torch threads: 1 (tiny models; the box is shared)",
+        _threads(),
         *extra,
         "",
     ]
+
+
+def _libraries() -> str:
+    """The audited libraries' versions here: torch and Opacus, or, in the JAX environment, JAX and JAX-Privacy."""
+    try:
+        import torch
+    except ImportError:
+        return f"jax {_version('jax')}, jax-privacy {_version('jax-privacy')}"
+    return f"torch {torch.__version__}, opacus {_version('opacus')}"
+
+
+def _threads() -> str:
+    if importlib.util.find_spec("torch") is None:
+        return f"- threads: XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')!r}"
+    return "- torch threads: 1 (tiny models; the box is shared)"
 
 
 def _version(name: str) -> str:

@@ -128,9 +128,13 @@ def test_pytest_collects_each_layer_audit_and_dp_audit_layers_none_leaves_them_o
 
 
 # --------------------------------------------------------------------------------------------------
-# The designs in torch and through Opacus' real ghost-clipping path.
+# The designs in torch and through Opacus' real ghost-clipping path; in JAX and through JAX-Privacy's clipping.
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # the JAX environment
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (.venvs/torch)")
 
 
 def _request(layer: str, *, positions: int = 5) -> TrainingRequest:
@@ -158,6 +162,26 @@ def _per_record_gradients(model, request) -> list[dict[str, "torch.Tensor"]]:
     return gradients
 
 
+def _assert_each_canary_moves_its_own(layer: str, request: TrainingRequest, gradients: list[dict[str, np.ndarray]]) -> None:
+    """Each record's gradient (``weight`` and ``bias`` in torch's layout: Embedding (d, C), Linear (C, d),
+    LayerNorm (C,), Conv1d (C, d, kernel)) lies on the parameters its canary owns."""
+    for row, gradient in enumerate(gradients):
+        if layer == "embedding":  # token `row` moves row `row` of the embedding, nothing else
+            assert np.abs(gradient["weight"]).sum(axis=1).nonzero()[0].tolist() == [row]
+        else:  # its label's coordinates of the weight and the bias carry all but the softmax's 1/C share
+            label = int(request.labels[row])
+            bias = gradient["bias"]
+            assert bias[label] == pytest.approx(-request.architecture.positions * (1 - 1 / request.num_classes), rel=1e-5)
+            assert float(np.abs(bias).max()) == float(-bias[label])
+            weight = gradient["weight"]  # linear: (C, d); LayerNorm: (C,), the feature on the label's coordinate
+            if layer == "conv":  # (C, d, kernel): its label's row moves alike at every kernel offset
+                weight = weight[:, 0, :]
+                assert np.allclose(weight, weight[:, :1])
+            weight = np.abs(weight)
+            assert int(weight.max(axis=-1).argmax() if weight.ndim == 2 else weight.argmax()) == label
+
+
+@needs_torch
 @pytest.mark.parametrize("layer", LAYERS)
 def test_each_canary_alone_moves_its_own_parameters_of_the_layer(layer):
     from dpverify.torch import build_mlp
@@ -165,23 +189,11 @@ def test_each_canary_alone_moves_its_own_parameters_of_the_layer(layer):
     request = _request(layer)
     model = build_mlp(request)
     assert all(torch.count_nonzero(p) == 0 for p in model.parameters())  # a known start
-    gradients = _per_record_gradients(model, request)
-    for row, gradient in enumerate(gradients):
-        if layer == "embedding":  # token `row` moves row `row` of the embedding, nothing else
-            moved = gradient["layer.weight"].abs().sum(dim=1).nonzero().flatten().tolist()
-            assert moved == [row]
-        else:  # its label's coordinates of the weight and the bias carry all but the softmax's 1/C share
-            label = int(request.labels[row])
-            bias = gradient["layer.bias"]
-            assert bias[label] == pytest.approx(-5.0 * (1 - 1 / request.num_classes))
-            assert float(bias.abs().max()) == float(-bias[label])
-            weight = gradient["layer.weight"]  # linear: (C, d); LayerNorm: (C,), the feature on the label's coordinate
-            if layer == "conv":  # (C, 1, kernel): its label's row moves alike at every kernel offset
-                weight = weight[:, 0, :]
-                assert torch.allclose(weight, weight[:, :1].expand_as(weight))
-            assert int(weight.abs().amax(dim=-1).argmax() if weight.dim() == 2 else weight.abs().argmax()) == label
+    gradients = [{name.removeprefix("layer."): g.numpy() for name, g in grads.items()} for grads in _per_record_gradients(model, request)]
+    _assert_each_canary_moves_its_own(layer, request, gradients)
 
 
+@needs_torch
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 @pytest.mark.parametrize("layer", LAYERS)
 def test_opacus_ghost_norms_are_the_records_whole_norms_and_the_variants_state_less(layer):
@@ -225,6 +237,7 @@ def test_opacus_ghost_norms_are_the_records_whole_norms_and_the_variants_state_l
     assert getattr(GradSampleModuleFastGradientClipping, registry_name)[layer_type] is not sampler  # left alone
 
 
+@needs_torch
 def test_the_conv_design_is_one_zero_initialised_conv1d_summed_over_its_outputs():
     from dpverify.contract import CONV_KERNEL_SIZE
     from dpverify.torch import build_mlp
@@ -242,6 +255,7 @@ def test_the_conv_design_is_one_zero_initialised_conv1d_summed_over_its_outputs(
         assert torch.allclose(model(features), expected, atol=1e-5)
 
 
+@needs_torch
 def test_the_conv_variant_keeps_opacus_per_position_gradients_as_rows():
     """On a layer and backprops of no special form, the variant's rows are Opacus' gradient of each output
     position alone, and they sum to Opacus' own per-record gradient: only the sum over positions is dropped."""
@@ -275,7 +289,139 @@ def test_tf_privacy_has_no_conv_design_and_says_why():
         build_keras_model(_request("conv"))
 
 
-#: Each layer variant with its layer: Opacus' (ghost clipping's registry) and TF-Privacy's (fast clipping's).
+@pytest.fixture(scope="module")
+def jax_layers():
+    pytest.importorskip("jax_privacy", reason="needs JAX-Privacy, which has its own environment (.venvs/jax)")
+    from dpverify_jaxprivacy import _layers
+
+    return _layers
+
+
+def test_the_jax_core_path_declares_the_layer_types_its_models_are_keyed_by(jax_layers):
+    import dpverify_jaxprivacy
+
+    assert dpverify_jaxprivacy.LAYERS == tuple(jax_layers.LAYER_TYPES) == tuple(jax_layers.UNDERCOUNTS)
+    assert set(jax_layers.LAYER_STEPS.values()) == set(jax_layers.LAYER_TYPES)
+    infos = {i.info.name: i.info for i in dpverify_jaxprivacy.implementations()}
+    assert infos["jax-privacy-core"].layers == dpverify_jaxprivacy.LAYERS
+    for step, layer in jax_layers.LAYER_STEPS.items():
+        assert infos[f"jax-privacy-{step.replace('_', '-')}"].layers == (layer,)
+
+
+@pytest.mark.parametrize("layer", ["embedding", "linear_3d", "layer_norm"])
+def test_the_jax_layer_models_hand_over_the_contracts_layout_and_canaries_own_their_parameters(jax_layers, layer):
+    """The core path's model starts at zero, hands over each weight as (outputs, inputs) then its bias (the
+    contract's layout, as the TF-Privacy path does), and each canary's gradient lies on what it owns, as in torch."""
+    import jax
+    import optax
+
+    from dpverify_jaxprivacy import _core
+
+    request = _request(layer)
+    d, c = request.dimension, request.num_classes
+    handed = {}
+    request = dataclasses.replace(request, observe_update=lambda step, params: handed.setdefault(step, params))
+    _core.train_core(request, "correct", 1.0)
+    expected = {"embedding": [(c, d)], "linear_3d": [(c, d), (c,)], "layer_norm": [(d,), (d,)]}[layer]
+    assert [p.shape for p in handed[0]] == expected and not any(p.any() for p in handed[0])
+    assert [p.shape for p in handed[1]] == expected
+
+    model = _core.designated_model(request)
+    params = model.init_params(request, 0)
+
+    def loss(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model.logits(p, x[None]), y[None]).sum()
+
+    gradients = []
+    for x, y in zip(request.features, request.labels):
+        weight, *bias = (np.asarray(g) for g in model.order(jax.grad(loss)(params, x, y)))
+        gradients.append({"weight": weight.T if layer == "linear_3d" else weight, "bias": bias[0] if bias else None})
+    _assert_each_canary_moves_its_own(layer, request, gradients)
+
+
+def test_a_jax_layer_variants_norm_undercounts_only_its_layers_leaves(jax_layers):
+    """Each variant's clip_pytree states its layer's leaves divided by positions ** power and every other leaf
+    whole, clips the whole gradient by that norm as the library would, and leaves a pytree without its layer
+    to the library."""
+    from jax_privacy import clipping
+
+    rng = np.random.default_rng(0)
+    pytree = {
+        "embedding": {"w": rng.normal(size=(4, 3))},
+        "linear_3d": {"w": rng.normal(size=(4, 3)), "b": rng.normal(size=3)},
+        "layer_norm": {"scale": rng.normal(size=3), "bias": rng.normal(size=3)},
+        "other": {"w": rng.normal(size=5)},
+    }
+    squares = {(layer, name): float(np.square(leaf).sum()) for layer, leaves in pytree.items() for name, leaf in leaves.items()}
+    positions, clip_norm = 9, 0.5
+    for layer, undercount in jax_layers.UNDERCOUNTS.items():
+        function = jax_layers.undercounting_clip_pytree(layer, positions)
+        clipped, stated = function(pytree, clip_norm)
+        factor = positions**undercount.power
+        expected = sum(v / factor**2 if key[0] == layer and key[1] in undercount.leaves else v for key, v in squares.items())
+        assert float(stated) == pytest.approx(expected**0.5, rel=1e-5)
+        for name_layer, leaves in pytree.items():
+            for name, leaf in leaves.items():
+                np.testing.assert_allclose(clipped[name_layer][name], leaf * clip_norm / expected**0.5, rtol=1e-5)
+        others = {key: value for key, value in pytree.items() if key != layer}
+        library = clipping.clip_pytree(others, clip_norm)
+        mine = function(others, clip_norm)
+        assert float(mine[1]) == float(library[1])
+    assert clipping.clip_pytree is jax_layers._LIBRARY_CLIP_PYTREE
+
+
+@pytest.mark.parametrize("layer", ["embedding", "linear_3d", "layer_norm"])
+def test_the_jax_variants_traced_step_clips_its_designs_records_too_weakly_by_its_factor(jax_layers, layer):
+    """Through the core path's step (``clipped_grad`` traced under jit): a record clipped to C by the correct
+    step is clipped to |G| / |G stated| · C by its layer's variant (the stated norm counting the broken leaves
+    divided by positions ** power: 3× for the embedding and the LayerNorm's 9 positions averaged, 9×; the
+    bias's share for the linear layer). (Another layer's variant leaves it to the library: the clip_pytree test.)"""
+    import jax
+    import optax
+
+    from dpverify_jaxprivacy import _core
+
+    request = _request(layer, positions=9)
+    model = _core.designated_model(request)
+    params = model.init_params(request, 0)
+
+    def loss(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model.logits(p, x), y).sum()
+
+    def clipped_norm(kind):
+        step = _core.make_step(kind, clip_norm=1e-3, batch_size=1.0, architecture=request.architecture)
+        clipped = jax.jit(step.clipped_grad(loss, l2_clip_norm=1e-3, batch_argnums=(1, 2)))
+        return float(optax.tree.norm(clipped(params, request.features[:1], request.labels[:1])))
+
+    gradient = jax.grad(loss)(params, request.features[:1], request.labels[:1])[layer]
+    squares = {name: float(np.square(leaf).sum()) for name, leaf in gradient.items()}
+    assert clipped_norm("correct") == pytest.approx(1e-3, rel=1e-4)
+    kind = next(kind for kind, broken in jax_layers.LAYER_STEPS.items() if broken == layer)
+    undercount = jax_layers.UNDERCOUNTS[layer]
+    stated = sum(v / 9 ** (2 * undercount.power) if name in undercount.leaves else v for name, v in squares.items())
+    assert clipped_norm(kind) == pytest.approx((sum(squares.values()) / stated) ** 0.5 * 1e-3, rel=1e-4)
+    if layer != "linear_3d":  # every leaf is the layer's
+        assert clipped_norm(kind) == pytest.approx(9**undercount.power * 1e-3, rel=1e-4)
+
+
+def test_the_gate_audits_the_jax_core_paths_layer_designs_and_each_variant_by_its_layer_only():
+    import dpverify_jaxprivacy
+
+    infos = [i.info for i in dpverify_jaxprivacy.implementations() if i.info.layers]
+    names = [a.test_name for a in gate_audits(infos, worlds="none", every_update=False)]
+    assert names == [
+        "dp-audit[jax-privacy-core]",
+        "layer[jax-privacy-core-embedding]",
+        "layer[jax-privacy-core-linear_3d]",
+        "layer[jax-privacy-core-layer_norm]",
+        "layer[jax-privacy-embedding-norm-embedding]",
+        "layer[jax-privacy-linear-bias-norm-linear_3d]",
+        "layer[jax-privacy-layer-norm-norm-layer_norm]",
+    ]
+
+
+#: Each layer variant with its layer: Opacus' (ghost clipping's registry), TF-Privacy's (fast clipping's) and
+#: JAX-Privacy's (its clip_pytree's norm).
 #: (TF-Privacy's embedding and LayerNorm variants, 20 s each here, are in benchmarks/results/layer-designs-tf.md
 #: only.)
 LAYER_VARIANTS = [
@@ -284,6 +430,7 @@ LAYER_VARIANTS = [
     ("opacus-ghost-layer-norm-norm", "layer_norm"),
     ("opacus-ghost-conv-norm", "conv"),
     ("tf-privacy-fast-clipping-linear-bias-norm", "linear_3d"),
+    ("jax-privacy-linear-bias-norm", "linear_3d"),
 ]
 
 

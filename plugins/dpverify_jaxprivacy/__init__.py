@@ -12,6 +12,10 @@ noise multiplier of the user's (the smallest its config accepts): its config che
 physical batch while training samples at the accumulated one, so it states an ε its run does not have
 (fixed upstream after the release, google-deepmind/jax_privacy PR #287).
 
+``jax-privacy-core`` also trains each layer design (:data:`LAYERS`, :mod:`dpverify_jaxprivacy._layers`), and
+``jax-privacy-embedding-norm``, ``-linear-bias-norm`` and ``-layer-norm-norm`` clip by a per-example norm
+that under-counts one layer's leaves; only that layer's design audits them.
+
 ``jax-privacy-keras-fixed-batches`` is the unmodified Keras API at its default, ``poisson_sampling_in_fit=False``:
 fixed-size batches of a shuffled dataset, accounted as Poisson sampling (google-deepmind/jax_privacy#84). At the
 default profiles' q = 1 its one batch is the full batch, the same mechanism as Poisson sampling at q = 1.
@@ -33,6 +37,10 @@ _LIBRARY = dict(library="jax-privacy", requires=("jax", "jax_privacy", "keras"),
 #: designated normaliser, so no two-world world applies (ImplementationInfo.designated_normaliser).
 _KERAS = dict(_LIBRARY, designated_normaliser=False)
 
+#: The layer designs the core path trains: the keys of ``_layers.LAYER_TYPES`` (a test checks them; this module
+#: imports no jax).
+LAYERS: tuple[str, ...] = ("embedding", "linear_3d", "layer_norm")
+
 _CORE_NOTES = (
     "jax_privacy core API: batch_selection.CyclicPoissonSampling(sampling_prob=q, iterations=steps) batches, "
     "padded with pad_to_multiple_of (64, or a quarter of the octave above 256) and masked with is_padding_example; jax_privacy.clipped_grad("
@@ -40,7 +48,8 @@ _CORE_NOTES = (
     "noise_addition.gaussian_privatizer(stddev=σ·l2_norm_bound) adds fresh noise; SGD update lr·C·noisy sum / "
     "normaliser (the designated public normaliser, else qN). Claim: jax_privacy.accounting."
     "DpsgdTrainingAccountant (PLD, discretisation 1e-3, add/remove); calibration with its "
-    "calibrate_noise_multiplier."
+    "calibrate_noise_multiplier. Layer designs: the same step on dpverify.torch.LayerModel's model (zero "
+    "parameters under the layer's name, outputs summed over the positions), its per-example gradients by vmap."
 )
 
 _KERAS_NOTES = (
@@ -154,6 +163,37 @@ def _variant(path: str, step: str) -> JaxPrivacy:
     return JaxPrivacy(info, step, path=path)
 
 
+#: The variants whose per-example norm under-counts one layer (bugs.md row 2 for that layer, D2): (step, layer,
+#: how). ``clipping.clip_pytree`` is swapped while the clipped sum traces (``_layers.UndercountingStep``).
+_LAYER_VARIANTS = (
+    ("embedding_norm", "embedding",
+     "clip_pytree takes the norm with the embedding table's gradient divided by √T, what a norm formula that takes "
+     "the record's T positions as separate rows states (√(Σ_t |G/T|²)); sensitivity 4C in the embedding design."),
+    ("linear_bias_norm", "linear_3d",
+     "clip_pytree takes the norm with the dense layer's bias gradient divided by √T, the bias's positions as "
+     "separate rows (Opacus #751's bug), the kernel's counted whole; sensitivity 2.8C in the linear_3d design."),
+    ("layer_norm_norm", "layer_norm",
+     "clip_pytree takes the norm with the LayerNorm's scale and bias gradients averaged over the T positions "
+     "(divided by T); sensitivity 4C in the layer_norm design."),
+)
+
+
+def _layer_variant(step: str, layer: str, how: str) -> JaxPrivacy:
+    info = ImplementationInfo(
+        name=f"jax-privacy-{step.replace('_', '-')}",
+        expected="violation",
+        breaks="each record's gradient must be clipped by its whole norm; here the per-example norm under-counts "
+        "one layer's gradient, so its records are clipped too weakly",
+        bug=2,
+        detectability="D2",
+        notes=f"{how} The clipped gradient is the record's whole one, scaled as the library scales it; the claim "
+        "is the correct run's. " + _CORE_NOTES,
+        layers=(layer,),
+        **_LIBRARY,
+    )
+    return JaxPrivacy(info, step)
+
+
 _ACCUMULATION_NOTES = (
     "jax_privacy.keras_api as above, called as its documentation shows with gradient accumulation: "
     "DPKerasConfig(batch_size=qN/8 rounded down, gradient_accumulation_steps=8, train_steps=8·steps, "
@@ -185,7 +225,7 @@ def implementations() -> list[Implementation]:
     """The entry point ``dpverify_jaxprivacy:implementations``; imports no jax."""
     return (
         [
-            JaxPrivacy(ImplementationInfo(name="jax-privacy-core", notes=_CORE_NOTES, **_LIBRARY)),
+            JaxPrivacy(ImplementationInfo(name="jax-privacy-core", notes=_CORE_NOTES, layers=LAYERS, **_LIBRARY)),
             JaxPrivacy(ImplementationInfo(name="jax-privacy-keras", notes=_KERAS_NOTES, **_KERAS), path="keras"),
             JaxPrivacy(
                 ImplementationInfo(
@@ -214,4 +254,5 @@ def implementations() -> list[Implementation]:
         ]
         + [_variant("core", step) for step in _BREAKS]
         + [_variant("keras", step) for step in _BREAKS]
+        + [_layer_variant(*row) for row in _LAYER_VARIANTS]
     )

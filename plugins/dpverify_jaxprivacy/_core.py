@@ -2,7 +2,7 @@
 
 One run: ``batch_selection.CyclicPoissonSampling`` (cycle length 1: Poisson sampling with rate q, exactly
 ``steps`` batches) draws each step's records; the batch is padded with ``pad_to_multiple_of`` (see :func:`padding_multiple`) and
-the padding marked with ``is_padding_example``, so one traced step serves a range of batch sizes; ``clipped_grad`` sums the per-example gradients of the designated model, each
+the padding marked with ``is_padding_example``, so one traced step serves a range of batch sizes; ``clipped_grad`` sums the per-example gradients of the designated model (:func:`designated_model`: softmax regression, the MLP or a layer design's, :mod:`._layers`), each
 clipped to C and rescaled to unit norm; ``gaussian_privatizer(stddev=σ · l2_norm_bound)`` adds the noise; the
 update is ``lr · C · noisy sum / normaliser`` (the C undoes the unit rescale, so the update is the designated
 one: lr times the noisy sum of rows clipped to C, over the public normaliser).
@@ -17,6 +17,7 @@ PRNG key derived from its seed. The parameters before the first step and after e
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable
 
 from dpverify_jaxprivacy._jax import jax, jnp
@@ -26,11 +27,14 @@ import optax  # noqa: E402
 from jax_privacy import batch_selection  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 
-from dpverify.contract import TrainingRequest, hand_over_kernels  # noqa: E402
+from dpverify.contract import LayerArchitecture, TrainingRequest, hand_over_kernels  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
-from dpverify_jaxprivacy._steps import LIBRARY_PRIVATIZER, DPStep  # noqa: E402
+from dpverify_jaxprivacy._steps import DP_STEPS, LIBRARY_PRIVATIZER, DPStep  # noqa: E402
 
-__all__ = ["LAYER_ORDER", "layer_order", "padding_multiple", "init_params", "logits", "black_box", "train_core"]
+__all__ = [
+    "LAYER_ORDER", "layer_order", "padding_multiple", "init_params", "logits", "black_box", "Model", "MLP",
+    "designated_model", "make_step", "train_core",
+]  # fmt: skip
 
 def padding_multiple(batch_size: int) -> int:
     """What a batch of ``batch_size`` records is padded to a multiple of: 64, or a quarter of the largest power
@@ -87,20 +91,64 @@ def black_box(params: dict[str, jax.Array]) -> Callable[[np.ndarray], np.ndarray
     return predict_log_proba
 
 
+@dataclass(frozen=True)
+class Model:
+    """The designated model's functions: ``init_params(request, seed)``, ``logits(params, features)``,
+    ``order(params)`` (the designated order) and ``black_box(params)``."""
+
+    init_params: Callable[[TrainingRequest, int], dict]
+    logits: Callable[[dict, jax.Array], jax.Array]
+    order: Callable[[dict], list[jax.Array]]
+    black_box: Callable[[dict], Callable[[np.ndarray], np.ndarray]]
+
+
+#: Softmax regression and the MLP.
+MLP = Model(init_params=init_params, logits=logits, order=layer_order, black_box=black_box)
+
+
+def designated_model(request: TrainingRequest) -> Model:
+    """:data:`MLP`, or a layer design's model (:class:`dpverify_jaxprivacy._layers.LayerModel`)."""
+    if not isinstance(request.architecture, LayerArchitecture):
+        return MLP
+    return _layer_model(request.architecture)
+
+
+@functools.lru_cache(maxsize=16)
+def _layer_model(architecture: LayerArchitecture) -> Model:
+    """One :class:`Model` per layer design and process: its ``logits`` is a traced step's cache key, and bound
+    methods of equal objects compare unequal unless the object is the same one."""
+    from dpverify_jaxprivacy._layers import LayerModel
+
+    model = LayerModel.of(architecture)
+    return Model(init_params=model.init_params, logits=model.logits, order=model.order, black_box=model.black_box)
+
+
+def make_step(kind: str, *, clip_norm: float, batch_size: float, architecture) -> DPStep:
+    """The DP step ``kind``: one of :data:`~dpverify_jaxprivacy._steps.DP_STEPS`, or a layer variant's
+    (:data:`dpverify_jaxprivacy._layers.LAYER_STEPS`)."""
+    if kind in DP_STEPS:
+        return DPStep(kind=kind, clip_norm=clip_norm, batch_size=batch_size)
+    from dpverify_jaxprivacy._layers import LAYER_STEPS, layer_step
+
+    if kind not in LAYER_STEPS:
+        raise ValueError(f"unknown DP step {kind!r}; expected one of {', '.join(DP_STEPS + tuple(LAYER_STEPS))}")
+    return layer_step(kind, clip_norm=clip_norm, batch_size=batch_size, architecture=architecture)
+
+
 #: ``clipped_grad``'s ``microbatch_size``: per-example gradients are taken this many at a time, in sequence
 #: (a third faster on a 2-core CPU than all ~1280 at once: 0.52 against 0.79 s a step, d = 2500, 10 classes).
 MICROBATCH = 128
 
 
 @functools.lru_cache(maxsize=64)
-def _traced_step(step: DPStep, microbatch_size: int):
+def _traced_step(step: DPStep, microbatch_size: int, forward: Callable = logits):
     """The clipped sum's ``l2_norm_bound`` and the jitted DP step (params, noise state, x, y, padding, stddev,
-    scale) -> (params, noise state), traced once per variant, clip norm and microbatch size and padded batch
-    shape: the noise's stddev and the update's scale are arguments, so runs with another σ or normaliser reuse
-    it."""
+    scale) -> (params, noise state) of the model ``forward`` (its logits), traced once per variant, model, clip
+    norm and microbatch size and padded batch shape: the noise's stddev and the update's scale are arguments,
+    so runs with another σ or normaliser reuse it."""
 
     def example_loss(params, features, labels):
-        return optax.softmax_cross_entropy_with_integer_labels(logits(params, features), labels).sum()
+        return optax.softmax_cross_entropy_with_integer_labels(forward(params, features), labels).sum()
 
     clipped_sum = step.clipped_grad(
         example_loss,
@@ -124,26 +172,27 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
     """Train the designated model with JAX-Privacy's core API and the DP step ``kind``; the black box."""
     hp = request.hyperparameters
     normaliser = hp.normaliser(request.num_records)
-    step = DPStep(kind=kind, clip_norm=float(hp.max_grad_norm), batch_size=float(normaliser))
+    step = make_step(kind, clip_norm=float(hp.max_grad_norm), batch_size=float(normaliser), architecture=request.architecture)
+    model = designated_model(request)
     seeds = seeds_for(request.seed)
-    params = init_params(request, seeds.init)
+    params = model.init_params(request, seeds.init)
     # The privatizer's state: its key, drawn from the run's seed, and the (empty) state of its noising matrix.
     noise_state = LIBRARY_PRIVATIZER(stddev=0.0, prng_key=jax.random.key(seeds.noise)).init(params)
     scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / normaliser)
     sampler = batch_selection.CyclicPoissonSampling(sampling_prob=hp.sampling_rate, iterations=hp.steps)
     features, labels = request.features, request.labels
-    hand_over_kernels(request, 0, lambda: layer_order(params))
+    hand_over_kernels(request, 0, lambda: model.order(params))
     for taken, batch in enumerate(sampler.batch_iterator(request.num_records, rng=seeds.sampling), start=1):
         batch = np.asarray(batch, dtype=np.int64)
         padded = batch_selection.pad_to_multiple_of(batch, padding_multiple(batch.size))
         if padded.size == 0:  # an empty Poisson batch: one all-padding block keeps the step (noise only)
             padded = np.full(padding_multiple(0), -1, dtype=np.int64)
         is_padding = padded < 0
-        l2_norm_bound, dp_step = _traced_step(step, min(MICROBATCH, padding_multiple(batch.size)))
+        l2_norm_bound, dp_step = _traced_step(step, min(MICROBATCH, padding_multiple(batch.size)), model.logits)
         stddev = jnp.float32(step.noise_stddev(float(noise_multiplier) * l2_norm_bound))
         rows = np.where(is_padding, 0, padded)
         params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, stddev, scale)
-        hand_over_kernels(request, taken, lambda: layer_order(params))
+        hand_over_kernels(request, taken, lambda: model.order(params))
         if request.progress is not None:
             request.progress(taken, hp.steps)
-    return black_box(params)
+    return model.black_box(params)
