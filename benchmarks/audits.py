@@ -35,7 +35,7 @@ from typing import Iterable
 from scipy import stats
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import resolve_device
+from dpverify.audits.planning import resolve_device
 from dpverify.config import PROFILE_NAMES, AuditConfig, profile_config
 from dpverify.contract import Implementation, ImplementationInfo, PrivacyClaim, TrainedModel, TrainingRequest
 from dpverify.registry import get_implementation, registered_implementations

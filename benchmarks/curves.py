@@ -81,7 +81,7 @@ def perfect_attacker(
     refutes the claim. ε = ∞ scores separate perfectly. With ``runs`` > 1 the m canaries are split over
     that many independent runs, as a pooled audit: the Steinke bound on all of them, the curve test
     per run and combined (:func:`~dpverify.stats.curves.combined_curve_test`)."""
-    from dpverify.audits.steps import split_confidence
+    from dpverify.audits.planning import split_confidence
 
     steinke_level, curve_level = (RULE.corrected_confidence(c) for c in split_confidence(CONFIDENCE))
     mu = mu_for(epsilon) if np.isfinite(epsilon) else 50.0

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import curve_outcome, guess_and_bound, split_confidence
+from dpverify.audits.planning import split_confidence
+from dpverify.audits.verdict import curve_outcome, guess_and_bound
 from dpverify.config import EVERY_UPDATE_SETTING, every_update_config
 from dpverify.registry import get_implementation
 from dpverify.stats.curves import ClaimedRun

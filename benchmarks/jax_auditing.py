@@ -36,7 +36,8 @@ from jax_privacy import auditing
 from scipy import stats
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import curve_outcome, guess_and_bound, split_confidence
+from dpverify.audits.planning import split_confidence
+from dpverify.audits.verdict import curve_outcome, guess_and_bound
 from dpverify.config import profile_config
 from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest
 from dpverify.registry import get_implementation, register_implementation

@@ -24,7 +24,7 @@ from pathlib import Path
 from audits import EPSILONS, _table, _write, device_line  # benchmarks/ is the script's directory
 from language_dirac import describe
 
-from dpverify.audits.steps import resolve_device
+from dpverify.audits.planning import resolve_device
 from dpverify.audits.language import REPEATED_TOKEN_BASELINE, LanguageAuditConfig, run_language_audit
 from dpverify_opacus import language_implementations
 

@@ -28,7 +28,7 @@ from audits import _add_row, _median, _table, _write, device_line, separation_ov
 from curves import perfect_attacker
 
 from dpverify.audits.language import REPEATED_TOKEN_BASELINE, LanguageAuditConfig, run_language_audit
-from dpverify.audits.steps import resolve_device
+from dpverify.audits.planning import resolve_device
 from dpverify.contract import Implementation
 from dpverify.results import AuditResult
 from dpverify_opacus import language_implementations, noise_scaled

@@ -41,7 +41,7 @@ ROWS = (
 
 def child(name: str, seed: int, profile: str, epsilon: float) -> None:
     """One audit in this process; prints its result as one JSON line."""
-    from dpverify.audits.steps import run_audit
+    from dpverify.audits import run_audit
     from dpverify.config import profile_config
     from dpverify.registry import get_implementation
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import resolve_device
+from dpverify.audits.planning import resolve_device
 from dpverify.config import DATA_DESIGNS, profile_config
 from dpverify.registry import get_implementation
 

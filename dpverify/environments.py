@@ -181,7 +181,7 @@ def _reported(report: Path, status: int) -> tuple[list[dict[str, Any]], str | No
 def plan_entry(audit: Any, implementation: Any, config: Any, *, nodeid: str) -> dict[str, Any]:
     """One audit of a ``--plan``: what a session needs to count it, delegate it, and report it as an
     error should it never run (the fields every outcome of the audit shares)."""
-    from dpverify.audits.steps import result_fields
+    from dpverify.audits.verdict import result_fields
 
     reason = implementation.unavailable_reason()
     return {

@@ -1,6 +1,6 @@
 """What a person sees while an audit runs: its stage, its DP steps and its seconds, on one line.
 
-An audit says its stages (:data:`dpverify.audits.steps.Progress`: "training run 2 of 4", "querying the
+An audit says its stages (:data:`dpverify.audits.planning.Progress`: "training run 2 of 4", "querying the
 black box", "testing the claim") and the trainer reports its DP steps of the current run
 (:data:`dpverify.contract.StepProgress`); :class:`ProgressLine` joins them into "training run 2 of 4:
 step 7 of 10". On a terminal the line is redrawn in place, at most every ``interval`` seconds; in a log

@@ -151,7 +151,7 @@ class AuditSession:
 
     def header(self, *, rerun: str) -> str:
         """The run's settings in one line, ending with how to ``rerun`` it (the face's own flag)."""
-        from dpverify.audits.steps import resolve_device
+        from dpverify.audits.planning import resolve_device
 
         return (
             f"dpverify: DP audits on (profile {self.profile}, seed {self.seed}, device {resolve_device(self.device)}, "
@@ -428,7 +428,7 @@ def _note(result: dict[str, Any]) -> str:
             return "no audit refutes ε = ∞"
         if needed:
             return f"needs m >= {needed}"
-        from dpverify.audits.steps import MAX_CANARIES
+        from dpverify.audits.planning import MAX_CANARIES
 
         return f"no m up to {MAX_CANARIES:,} decides it"
     return ""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import audit_ceiling, canaries_needed
+from dpverify.audits.planning import audit_ceiling, canaries_needed
 from dpverify.config import AuditConfig, profile_config
 from dpverify.results import DPViolation
 from tests.doubles import Broken, GaussianMechanism, Memoriser, Oblivious
@@ -112,7 +112,7 @@ def fresh_python(code):
 
 
 def test_the_engine_imports_no_deep_learning_framework():
-    code = "import dpverify.audits.steps, dpverify.stats.bounds, dpverify.stats.accounting, dpverify.pytest.plugin, dpverify.audits.language, " \
+    code = "import dpverify.audits.verdict, dpverify.stats.bounds, dpverify.stats.accounting, dpverify.pytest.plugin, dpverify.audits.language, " \
            "dpverify.audits.data_dependent, dpverify.canaries.tagged, sys; " \
            "print(sorted(m for m in ('torch', 'tensorflow', 'opacus', 'jax') if m in sys.modules))"
     assert fresh_python(code) == "[]"

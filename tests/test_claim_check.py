@@ -18,7 +18,7 @@ from dp_accounting import rdp
 from dp_accounting.pld import privacy_loss_distribution
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import claim_inconsistency
+from dpverify.audits.claims import claim_inconsistency
 from dpverify.contract import PrivacyClaim
 from dpverify.stats import accounting
 from dpverify.stats.bounds import _gdp_epsilon

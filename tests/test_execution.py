@@ -250,7 +250,7 @@ def test_pooled_runs_in_a_pool_give_the_same_audit_bit_for_bit(pool):
 
 
 def test_a_failing_pooled_run_ends_the_audit_alike_everywhere(pool):
-    from dpverify.audits.steps import audit_streams
+    from dpverify.audits.membership import audit_streams
 
     second = audit_streams(7, run=1)[2]
     here, there = (pooled_audit(FailsOnSeed(seed=second), executor) for executor in (InProcessExecutor(), pool))

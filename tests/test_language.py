@@ -163,7 +163,7 @@ class Recorder(LanguageImplementation):
 
 
 def test_inclusion_design_trains_exactly_the_canaries_whose_bit_is_plus_one():
-    from dpverify.audits.steps import audit_streams
+    from dpverify.audits.membership import audit_streams
 
     """The secret bits select the training set and nothing else reaches the trainer; a black box that
     prefers nothing carries no signal, so its pass could not see: undecided, never green."""
@@ -260,7 +260,7 @@ def test_each_pooled_run_trains_its_own_canaries_over_its_own_vocabulary():
 def test_a_pass_of_the_dirac_design_states_the_signal_it_promises():
     """Rule 13: the Dirac token design at full batch has a measured signal floor; the repeated-token
     baseline has none, so its passes are not held to one."""
-    from dpverify.audits.steps import DIRAC_SIGNAL_FLOOR, expected_signal
+    from dpverify.audits.verdict import DIRAC_SIGNAL_FLOOR, expected_signal
 
     assert expected_signal(LanguageAuditConfig()) == DIRAC_SIGNAL_FLOOR
     assert expected_signal(REPEATED_TOKEN_BASELINE) is None

@@ -61,7 +61,7 @@ def test_layer_configs_pair_each_layer_with_the_canaries_that_own_it():
 
 
 def test_a_layer_design_expects_the_dirac_signal_floor_at_full_batch():
-    from dpverify.audits.steps import DIRAC_SIGNAL_FLOOR, expected_signal
+    from dpverify.audits.verdict import DIRAC_SIGNAL_FLOOR, expected_signal
 
     for layer in LAYERS:
         assert expected_signal(layer_config("quick", layer)) == DIRAC_SIGNAL_FLOOR

@@ -48,8 +48,8 @@ IMPORTS = {module: _imports(module) for module in MODULES}
 
 
 def test_the_walk_sees_the_imports_it_judges():
-    assert "dpverify.audits.steps" in IMPORTS["dpverify.audits.classification"]["ours"]
-    assert "dpverify.stats.scoring" in IMPORTS["dpverify.audits.steps"]["ours"]
+    assert "dpverify.audits.verdict" in IMPORTS["dpverify.audits.classification"]["ours"]
+    assert "dpverify.stats.scoring" in IMPORTS["dpverify.audits.verdict"]["ours"]
     assert "pytest" in IMPORTS["dpverify.pytest.plugin"]["outside"]
 
 

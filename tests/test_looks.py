@@ -6,7 +6,7 @@ import math
 import pytest
 
 from dpverify.audits import run_audit
-from dpverify.audits.steps import final_look_confidence, pooled_looks
+from dpverify.audits.planning import final_look_confidence, pooled_looks
 from dpverify.config import profile_config
 from dpverify.stats.looks import POOLED_LOOKS, look_schedule
 from tests.doubles import GaussianMechanism, Memoriser

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dpverify.audits.steps import resolve_device
+from dpverify.audits.planning import resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
 

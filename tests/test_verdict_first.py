@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import dpverify.audits
-import dpverify.audits.steps
+import dpverify.audits.verdict
 import dpverify.audits.two_world
 import dpverify.plots  # noqa: F401  (patched below: imported here so the runs inside see the patch)
 from dpverify.audits import run_audit
@@ -46,7 +46,7 @@ def test_a_claim_whose_power_cannot_be_computed_keeps_its_violation():
 
 @pytest.mark.parametrize(
     "module, name, what",
-    [(dpverify.audits.steps, "measure_power", "power"), (dpverify.audits.steps, "claim_inconsistency", "claim check")],
+    [(dpverify.audits.verdict, "measure_power", "power"), (dpverify.audits.verdict, "claim_inconsistency", "claim check")],
 )
 def test_a_one_run_audit_keeps_its_violation_when_an_auxiliary_step_fails(monkeypatch, module, name, what):
     monkeypatch.setattr(module, name, _raise)
@@ -58,7 +58,7 @@ def test_a_one_run_audit_keeps_its_violation_when_an_auxiliary_step_fails(monkey
 
 
 def test_a_pass_whose_power_fails_is_undecided_never_green(monkeypatch):
-    monkeypatch.setattr(dpverify.audits.steps, "measure_power", _raise)
+    monkeypatch.setattr(dpverify.audits.verdict, "measure_power", _raise)
     # The claimed mechanism itself: refuted on at most 5 % of seeds (the audit's level), so this one seed
     # passes its tests with probability >= 0.95; here it does, on every run (the seed decides everything).
     result = run_audit(GaussianMechanism(claimed_epsilon=1.0), CONFIG)
@@ -140,7 +140,7 @@ def test_one_audits_crash_does_not_end_the_command_lines_session(registered, tmp
 
 
 def test_under_pytest_every_verdict_survives_failing_power_plots_and_report_entries(project, tmp_path, monkeypatch):
-    monkeypatch.setattr(dpverify.audits.steps, "measure_power", _raise)
+    monkeypatch.setattr(dpverify.audits.verdict, "measure_power", _raise)
     monkeypatch.setattr(dpverify.plots, "save_audit_plots", _raise)
     monkeypatch.setattr(AuditResult, "to_dict", _raise)
     report = tmp_path / "r.json"
@@ -155,7 +155,7 @@ def test_under_pytest_every_verdict_survives_failing_power_plots_and_report_entr
 
 
 def test_under_pytest_an_audits_own_crash_is_an_error_with_its_report_entry(project, tmp_path, monkeypatch):
-    monkeypatch.setattr(dpverify.audits.steps, "decide_verdict", _raise)
+    monkeypatch.setattr(dpverify.audits.verdict, "decide_verdict", _raise)
     report = tmp_path / "r.json"
     result = run(project, "--dp-audit", SMALL, f"--dp-audit-report={report}")
     result.assert_outcomes(failed=2)

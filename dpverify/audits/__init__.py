@@ -1,4 +1,6 @@
-"""Audits: one kind per module over the shared :mod:`~dpverify.audits.steps`, and :func:`run_audit`, which
+"""Audits: one kind per module over the shared steps (:mod:`~dpverify.audits.planning` before training,
+:mod:`~dpverify.audits.membership` and :mod:`~dpverify.audits.training` through the contract,
+:mod:`~dpverify.audits.claims` and :mod:`~dpverify.audits.verdict` after it), and :func:`run_audit`, which
 picks the kind from above (nothing below imports this package's ``__init__``)."""
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from typing import Any
 from dpverify.audits.classification import run_classification_audit
 from dpverify.audits.data_dependent import run_data_audit
 from dpverify.audits.language import language_config_like, run_language_audit
-from dpverify.audits.steps import Progress, Undecidable, one_run_undecidable, result_fields
+from dpverify.audits.planning import Progress, Undecidable, one_run_undecidable
 from dpverify.audits.two_world import run_two_world_design, two_world_undecidable
+from dpverify.audits.verdict import result_fields
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress
 from dpverify.execution import Executor

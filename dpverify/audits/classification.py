@@ -15,25 +15,25 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dpverify.audits.steps import (
-    AuditClock,
-    AuditFailure,
-    ObservationMissing,
-    Progress,
-    ScoredRun,
+from dpverify.audits.membership import (
     audit_streams,
-    audit_through_contract,
-    conclude_runs,
-    each_pooled_run,
-    in_task_order,
     membership_after_training,
     membership_before_training,
     present_pair,
+)
+from dpverify.audits.planning import Progress, resolve_device
+from dpverify.audits.training import (
+    AuditClock,
+    AuditFailure,
+    ObservationMissing,
+    ScoredRun,
+    each_pooled_run,
+    in_task_order,
     query_black_box,
-    resolve_device,
     train_and_score,
     until_failure,
 )
+from dpverify.audits.verdict import audit_through_contract, conclude_runs
 from dpverify.canaries.synthetic import Canaries, make_canaries
 from dpverify.canaries.updates import DiracUpdates, UpdatesMissing
 from dpverify.config import AuditConfig
@@ -171,7 +171,7 @@ def _update_reader(config: AuditConfig, canaries: Canaries) -> DiracUpdates:
 def every_update_scores(updates: DiracUpdates, trained: TrainedModel) -> np.ndarray:
     """Each canary's log-likelihood ratio of its every step, against the σ and q the run claims
     (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`); a trainer that handed
-    nothing over makes the audit "not run" (:class:`~dpverify.audits.steps.ObservationMissing`), one that
+    nothing over makes the audit "not run" (:class:`~dpverify.audits.training.ObservationMissing`), one that
     handed over only some steps an error."""
     try:
         signal, projection = updates.statistics()

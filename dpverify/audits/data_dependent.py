@@ -20,16 +20,10 @@ from typing import Callable
 
 import numpy as np
 
-from dpverify.audits.steps import (
-    AuditClock,
-    Progress,
-    audit_through_contract,
-    draw_membership,
-    membership_before_training,
-    present_pair,
-    query_black_box,
-    resolve_device,
-)
+from dpverify.audits.membership import draw_membership, membership_before_training, present_pair
+from dpverify.audits.planning import Progress, resolve_device
+from dpverify.audits.training import AuditClock, query_black_box
+from dpverify.audits.verdict import audit_through_contract
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress, TrainedModel, TrainingRequest
 from dpverify.datasets import DatasetSplit, load_dataset

@@ -11,7 +11,7 @@ S_i ∈ {−1, +1}, shows the trained suffix (S = +1) or the fresh one (S = −1
     score_i = Σ_{t ∈ suffix} log p(shown_t | shown_<t) − Σ_{t ∈ suffix} log p(other_t | other_<t);
 
 it bounds the *replace-one* ε (one sequence's suffix replaced), so the claim is converted with
-:func:`dpverify.audits.steps.claim_in_relation`. The inclusion design is the default because a
+:func:`dpverify.audits.claims.claim_in_relation`. The inclusion design is the default because a
 replace-one claim is about twice the add/remove one, which the same m canaries can refute far less often.
 The data-dependent designs do not apply: they audit real classification records. One sequence is the
 privacy unit.
@@ -35,18 +35,15 @@ from typing import Any, Callable
 import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_probability
-from dpverify.audits.steps import (
-    AuditClock,
-    Progress,
+from dpverify.audits.membership import (
     audit_streams,
-    audit_through_contract,
-    each_pooled_run,
     membership_after_training,
     membership_before_training,
     present_pair,
-    query_black_box,
-    resolve_device,
 )
+from dpverify.audits.planning import Progress, resolve_device
+from dpverify.audits.training import AuditClock, each_pooled_run, query_black_box
+from dpverify.audits.verdict import audit_through_contract
 from dpverify.canaries.tokens import (
     EXCHANGEABLE_MODES,
     TokenCanaryConfig,
@@ -151,7 +148,7 @@ class LanguageAuditConfig:
 
     @property
     def audit_size(self) -> int:
-        """m, the number of canaries the bound counts (what :func:`dpverify.audits.steps.audit_ceiling` reads)."""
+        """m, the number of canaries the bound counts (what :func:`dpverify.audits.planning.audit_ceiling` reads)."""
         return self.canaries.m
 
     def with_overrides(self, **overrides: Any) -> LanguageAuditConfig:

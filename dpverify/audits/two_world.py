@@ -18,23 +18,24 @@ from typing import Callable
 import numpy as np
 
 from dpverify._validation import check_int, check_probability
-from dpverify.audits.steps import (
-    AuditFailure,
+from dpverify.audits.claims import claimed_epsilon, claimed_run
+from dpverify.audits.planning import (
     DesignatedClaim,
     Progress,
     Undecidable,
-    claimed_epsilon,
-    claimed_run,
     designated_claim,
-    designated_model_defect,
-    target_claim,
-    query_black_box,
-    in_task_order,
-    power_beside_verdict,
     resolve_device,
+    target_claim,
+)
+from dpverify.audits.training import (
+    AuditFailure,
+    designated_model_defect,
+    in_task_order,
+    query_black_box,
     train_through_contract,
     until_failure,
 )
+from dpverify.audits.verdict import power_beside_verdict
 from dpverify.canaries.worlds import RECORD_SCORES, TwoWorlds
 from dpverify.config import AuditConfig
 from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture, PrivacyClaim, TrainingRequest
@@ -209,7 +210,7 @@ class _SharedByRuns:
 @dataclass(frozen=True)
 class RunOutcome:
     """One run, as a task returns it: the world's score of its black box (or its candidate scores, an
-    array), its claim and where it trained (what :func:`~dpverify.audits.steps.claimed_epsilon` reads; the
+    array), its claim and where it trained (what :func:`~dpverify.audits.claims.claimed_epsilon` reads; the
     trained model itself stays behind)."""
 
     score: float | np.ndarray
@@ -294,7 +295,7 @@ def run_two_world_audit(
     Both tests hold at the δ the runs' claims state (the largest, should they differ), as the one-run
     audits do; the requested δ only sizes the audit before training. A world whose score reads the record
     (:data:`~dpverify.canaries.worlds.RECORD_SCORES`) checks each black box is the designated model
-    (:func:`~dpverify.audits.steps.designated_model_defect`); one that is not cannot pass (its power is
+    (:func:`~dpverify.audits.training.designated_model_defect`); one that is not cannot pass (its power is
     blind, so the verdict is ``undecided``).
 
     The audit designates the public normaliser: unless ``hyperparameters`` carries an

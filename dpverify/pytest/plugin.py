@@ -161,7 +161,7 @@ def _executor(config: pytest.Config) -> ExecutorSpec:
 def _check_device(device: str) -> None:
     if device != "cuda":
         return
-    from dpverify.audits.steps import resolve_device
+    from dpverify.audits.planning import resolve_device
 
     try:
         resolve_device(device)

@@ -1,0 +1,445 @@
+"""The verdict of an audit's runs: both tests (the (ε, δ) test over the guess grid and the curve test) at each
+look of the pooled runs (:func:`conclude_runs`, :data:`~dpverify.stats.looks.POOLED_LOOKS`), the verdict
+they give (:func:`decide_verdict`), and the result with the claim check and the power measured beside it
+(:func:`concluded_result`); :func:`audit_through_contract` trains, scores and concludes. A design
+(:mod:`~dpverify.audits.classification`, :mod:`~dpverify.audits.data_dependent`,
+:mod:`~dpverify.audits.language`) builds its requests and scorer and hands them here; nothing here knows a
+design by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from dpverify.audits.claims import claimed_numbers, claim_inconsistency, claimed_epsilon, claimed_run
+from dpverify.audits.planning import (
+    AuditSettings,
+    Progress,
+    audit_ceiling,
+    canaries_needed,
+    pooled_looks,
+    split_confidence,
+)
+from dpverify.audits.training import AuditClock, AuditFailure, ObservationMissing, ScoredRun, Scorer, train_and_score
+from dpverify.config import OBSERVATIONS
+from dpverify.contract import Implementation, Request, TrainedModel
+from dpverify.results import POWER_STEP, AuditResult, beside_verdict
+from dpverify.stats.bounds import epsilon_lower_bound
+from dpverify.stats.curves import ClaimedRun, combined_curve_test, curve_test
+from dpverify.stats.power import AuditPower, judge, measure_power, one_run_deficit
+from dpverify.stats.scoring import GuessRule, correct_counts
+
+
+def result_fields(implementation: Implementation, config: AuditSettings, m: int) -> dict[str, Any]:
+    """The :class:`AuditResult` fields every outcome of this audit shares."""
+    return dict(
+        implementation=implementation.info.name,
+        expected=implementation.info.expected,
+        detectability=implementation.info.detectability,
+        design=config.design,
+        relation=config.relation,
+        delta=config.hyperparameters.delta,
+        confidence=config.confidence,
+        m=m,
+        seed=config.seed,
+        config=config.to_dict(),
+        observed=OBSERVATIONS[getattr(config, "observe", "final_model")],
+    )
+
+
+def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
+    """Verdict ``error``: the audit could not run because ``failure`` happened; verdict ``undecided``,
+    with the reason in ``not_run``, when the failure is that the trainer did not hand over what the
+    audit's adversary observes (:class:`ObservationMissing`)."""
+    cause = f"{fields['implementation']}: {failure.cause}"
+    missing = isinstance(failure, ObservationMissing)
+    return AuditResult(
+        **fields,
+        claimed_epsilon=math.nan,
+        epsilon_lower_bound=math.nan,
+        guesses=0,
+        correct=0,
+        optimal_epsilon=audit_ceiling(config, fields["m"]),
+        verdict="undecided" if missing else "error",
+        device=failure.device or device,
+        seconds=clock.seconds(),
+        auditor_seconds=clock.auditor_seconds,
+        error=None if missing else cause,
+        not_run=cause if missing else None,
+    )
+
+
+@dataclass(frozen=True)
+class GuessOutcome:
+    """Every count of the guess rule: ``bound_by_guesses`` holds (guesses, correct, Steinke ε_L) per count;
+    ``guesses``, ``correct`` and ``epsilon_lower_bound`` are the row with the largest ε_L."""
+
+    guesses: int
+    correct: int
+    epsilon_lower_bound: float
+    bound_by_guesses: tuple[tuple[int, int, float], ...]
+
+    @property
+    def counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(guesses, correct)`` of every count, as arrays."""
+        rows = np.array([row[:2] for row in self.bound_by_guesses], dtype=np.int64).reshape(-1, 2)
+        return rows[:, 0], rows[:, 1]
+
+
+def guess_and_bound(
+    scores: np.ndarray, membership: np.ndarray, *, guess_rule: GuessRule, confidence: float, delta: float
+) -> GuessOutcome:
+    """Guess from ``scores`` with every count of ``guess_rule``, count the correct guesses against the
+    secret bits ``membership`` (±1) and keep the count with the largest ε_L; each count's bound is at the
+    rule's Bonferroni-corrected ``confidence``, so the maximum keeps ``confidence``."""
+    m = int(scores.shape[0])
+    counts = guess_rule.counts(m)
+    corrects = correct_counts(scores, membership, counts, sides=guess_rule.sides)
+    confidence = guess_rule.corrected_confidence(confidence)
+    bounds = np.atleast_1d(epsilon_lower_bound(m, counts, corrects, delta=delta, confidence=confidence))
+    rows = tuple((int(k), int(c), float(b)) for k, c, b in zip(counts, corrects, bounds))
+    guesses, correct, lower_bound = max(rows, key=lambda row: row[2])
+    return GuessOutcome(guesses, correct, lower_bound, rows)
+
+
+@dataclass(frozen=True)
+class CurveOutcome:
+    """The curve test of one audit (:func:`dpverify.stats.curves.curve_test`) on every guess count:
+    ``refuted`` the claimed curve, ``epsilon`` the ε at the claim's δ of the weakest refuted member of the
+    claim's family (σ at fixed q, steps), ``claimed_epsilon`` the claimed curve's own ε at that δ,
+    ``p_value`` the smallest tail bound (to compare with the per-count level), ``mu`` the refuted GDP μ at
+    q = 1; ``decidable``: whether every guess correct would refute the claimed curve; ``runs``: how many
+    independent runs it combined."""
+
+    refuted: bool
+    epsilon: float
+    claimed_epsilon: float
+    p_value: float
+    mu: float | None
+    decidable: bool
+    runs: int
+
+
+def curve_outcome(
+    outcome: GuessOutcome,
+    run: ClaimedRun,
+    *,
+    scores: np.ndarray,
+    membership: np.ndarray,
+    run_sizes: tuple[int, ...],
+    guess_rule: GuessRule,
+    confidence: float,
+    delta: float,
+) -> CurveOutcome:
+    """The curve test of ``run`` at ``confidence`` split over the guess grid: on ``outcome``'s counts for
+    one run; for R pooled runs (``scores`` and ``membership`` run after run, ``run_sizes`` long), each run
+    guesses on its own scores and :func:`~dpverify.stats.curves.combined_curve_test` combines them."""
+    per_count = guess_rule.corrected_confidence(confidence)
+    if len(run_sizes) == 1:
+        guesses, correct = outcome.counts
+        result = curve_test(run_sizes[0], guesses, correct, claim=run, delta=delta, confidence=per_count)
+    else:
+        guesses = guess_rule.run_counts(run_sizes)
+        parts = np.split(np.arange(scores.shape[0]), np.cumsum(run_sizes)[:-1])
+        correct = np.array([correct_counts(scores[i], membership[i], row, sides=guess_rule.sides) for i, row in zip(parts, guesses)])
+        result = combined_curve_test(run_sizes, guesses, correct, claim=run, delta=delta, confidence=per_count)
+    return CurveOutcome(
+        result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, len(run_sizes)
+    )
+
+
+def decide_verdict(
+    config: AuditSettings, lower_bound: float, claimed: float, m: int, *, delta: float, curve: CurveOutcome | None = None
+) -> tuple[str, int | None]:
+    """``(verdict, canaries needed)``: violation when ε_L exceeds the claim or the curve test refutes the
+    claimed curve; undecided when neither test could ever refute it at this m (the claim at or above the
+    ceiling ε_O at the claim's ``delta``, and the curve out of reach), with the m that would decide the
+    (ε, δ) test; else pass. A NaN claim or ε_L is an :class:`AuditFailure`, never a verdict."""
+    if math.isnan(claimed) or math.isnan(lower_bound):
+        raise AuditFailure(f"cannot decide on claimed ε = {claimed} and ε_L = {lower_bound}")
+    if lower_bound > claimed or (curve is not None and curve.refuted):
+        return "violation", None
+    if claimed >= audit_ceiling(config, m, delta=delta) and (curve is None or not curve.decidable):
+        return "undecided", canaries_needed(config, claimed, delta=delta)
+    return "pass", None
+
+
+@dataclass(frozen=True)
+class TestedRuns:
+    """Both tests of an audit's pooled runs at one ``confidence`` (a look's share, :mod:`dpverify.stats.looks`):
+    the (ε, δ) test's ``outcome``, the curve test's ``curve``, the ``verdict`` they give (with ``needed``
+    canaries when undecided), the claim's mechanism ``run``, its δ and the runs' sizes."""
+
+    outcome: GuessOutcome
+    curve: CurveOutcome
+    verdict: str
+    needed: int | None
+    confidence: float
+    run: ClaimedRun
+    delta: float
+    run_sizes: tuple[int, ...]
+
+
+def test_runs(
+    config: AuditSettings,
+    trained: ScoredRun,
+    scores: np.ndarray,
+    membership: np.ndarray,
+    *,
+    claimed: float,
+    run_sizes: tuple[int, ...],
+    confidence: float,
+) -> TestedRuns:
+    """Both tests of ``scores`` against ``membership`` at ``confidence`` (split evenly between them) and the
+    verdict they give; ``claimed`` is :func:`claimed_epsilon` of ``trained`` (any run: pooled runs make one
+    claim). Both tests use the δ the claim holds at (design rule 8)."""
+    m = int(sum(run_sizes))
+    delta = trained.claim.delta
+    steinke_confidence, curve_confidence = split_confidence(confidence)
+    outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke_confidence, delta=delta)
+    run = claimed_run(trained.claim, config.relation)
+    curve = curve_outcome(
+        outcome,
+        run,
+        scores=scores,
+        membership=membership,
+        run_sizes=run_sizes,
+        guess_rule=config.guess_rule,
+        confidence=curve_confidence,
+        delta=delta,
+    )
+    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m, delta=delta, curve=curve)
+    return TestedRuns(outcome, curve, verdict, needed, confidence, run, delta, run_sizes)
+
+
+def concluded_result(
+    fields: dict[str, Any],
+    config: AuditSettings,
+    trained: ScoredRun,
+    scores: np.ndarray,
+    membership: np.ndarray,
+    tested: TestedRuns,
+    *,
+    claim: tuple[float, str],
+    clock: AuditClock,
+    test_accuracy: float | None = None,
+    not_designated: str | None = None,
+) -> AuditResult:
+    """The audit's result from its runs' ``tested`` verdict: the claim check and the power beside it; ``claim``
+    is :func:`claimed_epsilon` of ``trained`` in the design's relation. A claim that contradicts its own
+    numbers is a violation whatever the scores. ``not_designated``: why a run's black box is not the
+    designated model (see :class:`ScoredRun`)."""
+    m = int(sum(tested.run_sizes))
+    claimed, derivation = claim
+    outcome, curve, verdict, needed, delta = tested.outcome, tested.curve, tested.verdict, tested.needed, tested.delta
+    failures: list[tuple[str, str]] = []
+    # The claim check can only turn a verdict into a violation: should it fail, the tests' verdict stands.
+    inconsistency = beside_verdict("claim check", lambda: claim_inconsistency(trained.claim), failures)
+    # An every-update score is a likelihood ratio over the steps, not the participation sum k*'s model
+    # simulates: its power is not stated rather than predicted from the wrong distribution.
+    every_update = getattr(config, "observe", "final_model") == "every_update"
+    verdict, power = power_beside_verdict(
+        verdict,
+        lambda: None if every_update else measure_power(
+            tested.run,
+            scores,
+            membership,
+            smallest_deficit=lambda fraction: one_run_deficit(
+                tested.run,
+                fraction=fraction,
+                run_sizes=tested.run_sizes,
+                guess_rule=config.guess_rule,
+                claimed_epsilon=claimed,
+                delta=delta,
+                confidences=split_confidence(tested.confidence),
+            ),
+            expected_signal=expected_signal(config),
+            not_designated=not_designated,
+            deficit_stated=deficit_modelled(config),
+        ),
+        failures,
+    )
+    if inconsistency:
+        verdict, needed, derivation = "violation", None, f"{derivation}. {inconsistency}"
+    return AuditResult(
+        **{**fields, "delta": delta, "m": m},
+        claimed_epsilon=claimed,
+        library_epsilon=trained.claim.epsilon,
+        claim_derivation=derivation,
+        claim_consistent=inconsistency is None,
+        epsilon_lower_bound=outcome.epsilon_lower_bound,
+        curve_epsilon_lower_bound=curve.epsilon,
+        curve_claimed_epsilon=curve.claimed_epsilon,
+        curve_refuted=curve.refuted,
+        curve_p_value=curve.p_value,
+        curve_mu=curve.mu,
+        curve_runs=curve.runs,
+        guesses=outcome.guesses,
+        correct=outcome.correct,
+        optimal_epsilon=audit_ceiling(config, m, delta=delta),
+        canaries_needed=needed,
+        verdict=verdict,
+        device=trained.device,
+        seconds=clock.seconds(),
+        auditor_seconds=clock.auditor_seconds,
+        scores=scores,
+        membership=membership,
+        bound_by_guesses=outcome.bound_by_guesses,
+        test_accuracy=test_accuracy,
+        power=power,
+        auxiliary_failures=tuple(failures),
+    )
+
+
+def power_beside_verdict(
+    verdict: str, measure: Callable[[], AuditPower | None], failures: list[tuple[str, str]]
+) -> tuple[str, AuditPower | None]:
+    """``(verdict, power)`` once the power ``measure`` gives is weighed (:func:`~dpverify.stats.power.judge`).
+    Power is measured after the verdict is decided: a failure there is added to ``failures`` and leaves the
+    verdict as it was, except a pass, which must state its power (design rule 13) and is ``undecided``."""
+    before = len(failures)
+    power = beside_verdict(POWER_STEP, measure, failures)
+    if len(failures) > before:
+        return ("undecided" if verdict == "pass" else verdict), None
+    return judge(verdict, power)
+
+
+#: The signal fraction Dirac canaries carry in the designated softmax regression in a correct implementation,
+#: inclusion design at full batch: 0.96 to 1.0 in every bundled library (benchmarks/results/dirac.md), 0.97 to
+#: 1.02 for reference-dpsgd at claimed ε 2 to 16; Dirac token canaries in the zero-initialised transformer
+#: 0.97 to 1.06 in both Opacus modes (benchmarks/results/language-separation.md); the layer designs 0.89 to
+#: 1.05 (medians over 5 seeds, Opacus ghost and hooks, TF-Privacy's fast clipping:
+#: benchmarks/results/layer-designs.md, layer-designs-tf.md). A pass whose interval lies below half of it
+#: could not see what the design promises.
+DIRAC_SIGNAL_FLOOR = 0.5
+
+
+def deficit_modelled(config: AuditSettings) -> bool:
+    """Whether k* is stated for ``config``'s design: Dirac canaries in softmax regression, the inclusion
+    design, where a canary's score is its participations times its clipped gradient plus the noise
+    (:mod:`dpverify.stats.power`), checked against real noise deficits (benchmarks/results/kstar-validation.md)."""
+    architecture = getattr(config, "architecture", None)
+    return (
+        getattr(config, "design", None) == "inclusion"
+        and getattr(getattr(config, "canaries", None), "mode", None) == "dirac"
+        and getattr(architecture, "hidden_width", None) == 0
+    )
+
+
+def expected_signal(config: AuditSettings) -> float | None:
+    """The least signal fraction a correct implementation's scores carry in ``config``'s design, where it is
+    measured: Dirac canaries in softmax regression, Dirac token canaries in the zero-initialised
+    transformer or a layer design's owning canaries, the inclusion design, at full batch (where the claimed
+    μ is exact) get :data:`DIRAC_SIGNAL_FLOOR`. Elsewhere ``None``: the pair design carries about 0.76 at the
+    quick profile but 0.17 in a drawn configuration of reference-dpsgd, so no floor is known there."""
+    canaries, architecture = getattr(config, "canaries", None), getattr(config, "architecture", None)
+    hyperparameters = getattr(config, "hyperparameters", None)
+    dirac = getattr(canaries, "mode", None) == "dirac" and (
+        getattr(architecture, "hidden_width", None) == 0 or getattr(architecture, "init", None) == "dirac"
+    )
+    layer = getattr(architecture, "layer", None) is not None  # its canaries own the layer (config checks)
+    if (
+        getattr(config, "design", None) == "inclusion"
+        and (dirac or layer)
+        and getattr(hyperparameters, "sampling_rate", None) == 1.0
+    ):
+        return DIRAC_SIGNAL_FLOOR
+    return None
+
+
+def audit_through_contract(
+    implementation: Implementation,
+    config: AuditSettings,
+    runs: Iterable[tuple[Request, Scorer]],
+    *,
+    m: int,
+    clock: AuditClock,
+    say: Progress,
+    device: str,
+    returns: type = TrainedModel,
+) -> AuditResult:
+    """:func:`train_and_score` each run's request, one after the other, and :func:`conclude_runs`;
+    ``returns`` is the black-box type the request's contract promises."""
+
+    def scored() -> Iterator[ScoredRun]:
+        for request, score in runs:
+            yield train_and_score(implementation, request, score, timeout=config.timeout, clock=clock, say=say, returns=returns)
+        say("testing the claim")
+
+    return conclude_runs(implementation, config, scored(), m=m, clock=clock, device=device)
+
+
+def conclude_runs(
+    implementation: Implementation, config: AuditSettings, scored: Iterable[ScoredRun], *, m: int, clock: AuditClock, device: str
+) -> AuditResult:
+    """Convert each scored run's claim to the design's relation and test the runs together at the looks of
+    :data:`~dpverify.stats.looks.POOLED_LOOKS`: the first look that refutes the claim ends the audit (the
+    runs not yet trained are not), else the last decides on all of them. Any :class:`AuditFailure` on the
+    way (raised while ``scored`` is drawn too) ends as verdict ``error``. ``device`` is where training was
+    asked to run.
+
+    Pooling R independent runs is one audit of their R·m canaries: a canary changes only its own run, and
+    the runs share nothing, so the joint output is exactly as private for that canary as its run (the
+    claim's (ε, δ) and curve hold canary by canary, which is all both tests assume). The runs must make
+    the same claim; one that differs is an error, not a choice of which to test. The looks' shares of the
+    level add up to it (union bound), so stopping at a refutation keeps the audit's confidence."""
+    fields = result_fields(implementation, config, m)
+    schedule = pooled_looks(config)
+    early_looks = dict(schedule[:-1])
+    try:
+        pooled: list[ScoredRun] = []
+        for index, run in enumerate(scored):
+            claim = claimed_epsilon(run, config.relation)
+            if not pooled:
+                first_claim = claim
+            elif claimed_numbers(run.claim) != claimed_numbers(pooled[0].claim):  # the ε in the relation follows
+                raise AuditFailure(
+                    f"pooled run {index + 1} claimed {run.claim}, run 1 claimed {pooled[0].claim}; pooled runs of "
+                    "one audit must make the same claim",
+                    device=run.device,
+                )
+            pooled.append(run)
+            if len(pooled) in early_looks:
+                tested = _tested(config, pooled, first_claim, early_looks[len(pooled)])
+                if tested.verdict == "violation":
+                    getattr(scored, "close", lambda: None)()
+                    return _pooled_result(fields, config, pooled, first_claim, tested, clock)
+        tested = _tested(config, pooled, first_claim, schedule[-1][1])
+        return _pooled_result(fields, config, pooled, first_claim, tested, clock)
+    except AuditFailure as failure:
+        return error_result(fields, config, failure, device=device, clock=clock)
+
+
+def _tested(config: AuditSettings, pooled: list[ScoredRun], claim: tuple[float, str], confidence: float) -> TestedRuns:
+    """:func:`test_runs` of the ``pooled`` runs so far at a look's ``confidence``."""
+    return test_runs(
+        config,
+        pooled[0],
+        np.concatenate([run.scores for run in pooled]),
+        np.concatenate([run.membership for run in pooled]),
+        claimed=claim[0],
+        run_sizes=tuple(len(run.scores) for run in pooled),
+        confidence=confidence,
+    )
+
+
+def _pooled_result(
+    fields: dict[str, Any], config: AuditSettings, pooled: list[ScoredRun], claim: tuple[float, str], tested: TestedRuns, clock: AuditClock
+) -> AuditResult:
+    """:func:`concluded_result` of the ``pooled`` runs the look that decided ``tested`` saw."""
+    return concluded_result(
+        fields,
+        config,
+        pooled[0],
+        np.concatenate([run.scores for run in pooled]),
+        np.concatenate([run.membership for run in pooled]),
+        tested,
+        claim=claim,
+        clock=clock,
+        test_accuracy=pooled[0].test_accuracy if len(pooled) == 1 else None,
+        not_designated=next((run.not_designated for run in pooled if run.not_designated), None),
+    )
