@@ -74,7 +74,7 @@ def release(session: nox.Session, spec: str) -> None:
     with open(chosen.library.constraints) as pins, tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as own:
         own.write(chosen.constraints(pins.read()))
     try:
-        _install_family(session, chosen.library.family, own.name, chosen.spec)
+        _install_family(session, chosen.library.family, own.name, *chosen.requirements)
     finally:
         os.unlink(own.name)
     session.run("python", "-m", "dpverify.releases", "gate", chosen.spec, *session.posargs)

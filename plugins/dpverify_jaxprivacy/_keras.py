@@ -44,10 +44,10 @@ from dpverify_jaxprivacy._jax import jax, keras_on_jax
 keras = keras_on_jax()
 
 import numpy as np  # noqa: E402
-from jax_privacy import keras_api  # noqa: E402
 
 from dpverify.contract import PrivacyClaim, TrainingRequest, hand_over_kernels  # noqa: E402
-from dpverify_jaxprivacy import _accounting  # noqa: E402
+from dpverify_jaxprivacy import _accounting, _api  # noqa: E402
+from dpverify_jaxprivacy._api import keras_api  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify_jaxprivacy._core import LAYER_ORDER, MICROBATCH, black_box  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep, library_calls  # noqa: E402
@@ -201,6 +201,8 @@ def private_model(config: _Configuration) -> tuple[keras.Model, list[np.ndarray]
         layers.append(keras.layers.Dense(config.hidden_width, activation="relu"))
     layers.append(keras.layers.Dense(config.num_classes))
     model = keras_api.make_private(keras.Sequential(layers), config.dp)
+    if config.kind == "no_noise":
+        _api.without_noise(model)
     accumulation = config.dp.gradient_accumulation_steps
     model.compile(
         optimizer=keras.optimizers.SGD(
@@ -275,8 +277,10 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     physical_steps = hp.steps * k
     dp = dict(
         delta=hp.delta, clipping_norm=float(hp.max_grad_norm), batch_size=batch_size, gradient_accumulation_steps=k,
-        train_steps=physical_steps, train_size=n, poisson_sampling_in_fit=not call.fixed_batches,
-        microbatch_size=_microbatch_size(batch_size, padded=not call.fixed_batches),
+        train_steps=physical_steps, train_size=n,
+        **_api.keras_fields(
+            poisson_in_fit=not call.fixed_batches, microbatch_size=_microbatch_size(batch_size, padded=not call.fixed_batches)
+        ),
     )
     epsilon = hp.target_epsilon
     sigma = hp.noise_multiplier
@@ -315,7 +319,7 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
                 features, labels, batch_size=batch_size, epochs=1, steps_per_epoch=physical_steps, verbose=0,
                 callbacks=callbacks,
             )
-        sigma = float(model.get_noise_multiplier())
+        sigma = _api.noise_multiplier(model)
         weights = _weights(model)
     names = LAYER_ORDER if config.hidden_width else LAYER_ORDER[2:]
     # The claim: the library's accountant on the numbers its config checked (physical batch and steps when the
