@@ -9,7 +9,8 @@ A run is what the library's documentation shows: a Keras 3 model of the designat
 into one update. ``microbatch_size`` is the core path's (:data:`~dpverify_jaxprivacy._core.MICROBATCH`,
 at most the batch). ``rescale_to_unit_norm`` stays at its default (True), so the learning rate is lr · C and the
 update is the designated one. ``DPKerasConfig`` refuses σ = 0, so a non-private request (σ = 0, as the
-conformance checks make) runs the library's DP step with a privatizer of stddev 0 and claims ε = ∞. A variant's DP step replaces the library's two calls while ``fit`` traces
+conformance checks make) runs the library's DP step with a privatizer of stddev 0 (1.0.0: its gradient
+computer with noise multiplier 0, :func:`._api.without_noise`) and claims ε = ∞. A variant's DP step replaces the library's two calls while ``fit`` traces
 (:func:`dpverify_jaxprivacy._steps.library_calls`).
 
 At the config's default ``poisson_sampling_in_fit=False`` (``KerasCall(fixed_batches=True)``) ``fit`` is given
