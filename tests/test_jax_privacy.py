@@ -208,8 +208,7 @@ def test_conformance(jax_privacy, name):
 def test_the_config_accepts_noise_for_the_physical_batch(jax_privacy):
     """#287 without training: with 8 accumulation steps the smallest σ DPKerasConfig accepts is what its check
     computes at the physical batch, far below the library's own calibration at the accumulated batch (1.0.0's
-    config as 2.0.0's), and the claim states the physical batch's q (the conformance check that the claim's q
-    is the run's fails; 2.0.0 only: 1.0.0's fit has no Poisson sampling to accumulate)."""
+    config as 2.0.0's)."""
     from dpverify_jaxprivacy import _accounting
     from dpverify_jaxprivacy._keras import smallest_accepted_noise
 
@@ -221,6 +220,10 @@ def test_the_config_accepts_noise_for_the_physical_batch(jax_privacy):
     assert sigma < 0.8 * own
     assert _accounting.epsilon(sigma, batch * k, n, steps, 1e-5) > 2.0 * 1.5
 
+
+def test_the_accumulating_run_claims_the_physical_batchs_q(jax_privacy):
+    """#287 in training: the claim states the physical batch's q (the conformance check that the claim's q is
+    the run's fails). 2.0.0 only: 1.0.0's fit has no Poisson sampling to accumulate."""
     request = small_request(num_records=128, target_epsilon=2.0, sampling_rate=1.0, epochs=1)
     trained = implementation("jax-privacy-keras-accumulation").train(request)
     assert trained.claim.sampling_rate == pytest.approx(1 / 8) and trained.claim.steps == 8
