@@ -8,7 +8,8 @@ runs a command in a family's environment (``.venvs/<family>``).
 
 ``nox -s release`` is the release matrix: for each supported release of each library
 (:mod:`dpverify.releases`), the family's environment with that release in place of the pinned one
-(``.venvs/release-<package>-<version>``), then the default gate's audits of that library's implementations
+(``.venvs/release-<package>-<version>``; a release whose own pins conflict with the family's gets those in their
+place, ``Library.pins``), then the default gate's audits of that library's implementations
 at the quick profile. ``bash scripts/release.sh PACKAGE==VERSION`` runs one of them.
 """
 
@@ -74,7 +75,7 @@ def release(session: nox.Session, spec: str) -> None:
     with open(chosen.library.constraints) as pins, tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as own:
         own.write(chosen.constraints(pins.read()))
     try:
-        _install_family(session, chosen.library.family, own.name, chosen.spec)
+        _install_family(session, chosen.library.family, own.name, *chosen.requirements)
     finally:
         os.unlink(own.name)
     session.run("python", "-m", "dpverify.releases", "gate", chosen.spec, *session.posargs)

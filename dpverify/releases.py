@@ -1,9 +1,9 @@
 """The releases of each DP library that dpverify supports and gates, one environment each (issue 30).
 
 ``pyproject.toml``'s extras declare these ranges; ``nox -s release`` makes an environment per release
-(``.venvs/release-<package>-<version>``, the family's environment with that release in place of the
-pinned one) and audits the library's implementations there; ``bash scripts/release.sh PACKAGE==VERSION``
-does it for one. Framework-free and stdlib-only: the noxfile imports it before any environment exists.
+(``.venvs/release-<package>-<version>``, the family's environment with that release, and any pins of its
+own, in place of the pinned ones) and audits the library's implementations there; ``bash
+scripts/release.sh PACKAGE==VERSION`` does it for one. Framework-free and stdlib-only: the noxfile imports it before any environment exists.
 """
 
 from __future__ import annotations
@@ -11,28 +11,32 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["LIBRARIES", "Library", "Release", "parse_release", "releases"]
+__all__ = ["LIBRARIES", "Library", "Release", "installed_version", "parse_release", "parse_version", "releases"]
 
 
 @dataclass(frozen=True)
 class Library:
     """A DP library: its package on the index, the family environment it joins (noxfile.py), the
-    constraints file that pins its other packages, its implementations' name pattern and its releases."""
+    constraints file that pins its other packages, its implementations' name pattern, its releases, and
+    ``pins``: for a release the family's constraints do not fit, what is installed with it in place of the
+    family's pins of those packages (``(version, ("jax==0.6.2", ...))``)."""
 
     package: str
     family: str
     constraints: str
     implementations: str
     versions: tuple[str, ...]
+    pins: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 #: Every release in the declared ranges. Opacus: all releases 1.4.0–1.6.0 (1.5 is the index's name of 1.5.0).
 #: TF-Privacy: 0.8.12 (with tf-models-official 2.15.0 and tensorflow-text 2.15.0, which its pin ~= 2.13 lets
 #: pip choose beside TF 2.15) and 0.9.0. 0.8.11 and earlier pin tensorflow-probability ~= 0.20.0 (built for
 #: TF 2.12), which the family's 0.22.1 excludes.
-#: JAX-Privacy: 2.0.0 only. 1.0.0 has none of the API the plugin calls (``jax_privacy.clipping``,
-#: ``noise_addition``, ``batch_selection``, ``keras_api`` are 2.0's; 1.0 has ``dp_sgd``, ``training``,
-#: ``keras``): its paths are not written yet.
+#: JAX-Privacy: 1.0.0 and 2.0.0 (the plugin resolves their calls in ``dpverify_jaxprivacy/_api.py``). 1.0.0's
+#: wheel pins jax and jaxlib 0.6.2 and more-itertools 10.1.0, imports chex without declaring it (0.1.90: the
+#: last chex for jax < 0.7) and its Keras API calls a Keras-internal method (``_enforce_jax_state_sharding``)
+#: that Keras 3.12 removed, so its environment has those pins and Keras 3.11.3 in place of the family's.
 LIBRARIES: tuple[Library, ...] = (
     Library(
         package="opacus",
@@ -53,7 +57,8 @@ LIBRARIES: tuple[Library, ...] = (
         family="jax",
         constraints="constraints-jax.txt",
         implementations="jax-privacy-*",
-        versions=("2.0.0",),
+        versions=("1.0.0", "2.0.0"),
+        pins=(("1.0.0", ("jax==0.6.2", "jaxlib==0.6.2", "more-itertools==10.1.0", "chex==0.1.90", "keras==3.11.3")),),
     ),
 )
 
@@ -87,10 +92,17 @@ class Release:
         """The default report's file name: ``release-<package>-<version>.json``."""
         return f"release-{self.library.package}-{self.version}.json"
 
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """What pip installs beside the family's packages: :attr:`spec` and the release's own pins
+        (:attr:`Library.pins`; mostly none)."""
+        return (self.spec, *dict(self.library.pins).get(self.version, ()))
+
     def constraints(self, text: str) -> str:
-        """``text`` (the family's constraints file) without the line that pins this library, so that this
-        release can be installed in its place."""
-        kept = [line for line in text.splitlines() if _pinned_name(line) != self.library.package]
+        """``text`` (the family's constraints file) without the lines that pin a package of
+        :attr:`requirements`, so that they can be installed in their place."""
+        replaced = {_pinned_name(requirement) for requirement in self.requirements}
+        kept = [line for line in text.splitlines() if _pinned_name(line) not in replaced]
         return "\n".join(kept) + "\n"
 
 
@@ -102,6 +114,28 @@ def _pinned_name(line: str) -> str | None:
 def _release_number(version: str) -> str:
     """``version`` without trailing ``.0`` parts, as pip compares them (1.5.0 is the index's 1.5)."""
     return re.sub(r"(\.0+)+$", "", version)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"1.5.2"`` → ``(1, 5, 2)``, trailing zeros dropped (``"1.5.0"`` and ``"1.5"`` are one release); a
+    local or pre-release suffix is ignored. What the plugins compare releases by."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)*)", text or "")
+    if match is None:
+        raise ValueError(f"not a release number: {text!r}")
+    parts = [int(part) for part in match.group(1).split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def installed_version(package: str) -> tuple[int, ...] | None:
+    """The installed release of ``package`` (:func:`parse_version`), or ``None`` when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return parse_version(metadata.version(package))
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def releases() -> list[Release]:

@@ -343,7 +343,7 @@ def test_a_jax_layer_variants_norm_undercounts_only_its_layers_leaves(jax_layers
     """Each variant's clip_pytree states its layer's leaves divided by positions ** power and every other leaf
     whole, clips the whole gradient by that norm as the library would, and leaves a pytree without its layer
     to the library."""
-    from jax_privacy import clipping
+    from dpverify_jaxprivacy._api import clipping
 
     rng = np.random.default_rng(0)
     pytree = {

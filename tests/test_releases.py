@@ -10,6 +10,7 @@ import tomllib
 import pytest
 
 from dpverify.releases import LIBRARIES, parse_release, releases
+from dpverify_jaxprivacy._releases import missing_path as jax_missing_path
 from dpverify_opacus._releases import (
     GHOST_MAX_GRAD_NORM,
     ghost_finding,
@@ -26,7 +27,8 @@ OPACUS = [release.version for release in releases() if release.library.package =
 @pytest.mark.parametrize(
     "spec, package, version",
     [("opacus==1.5.2", "opacus", "1.5.2"), ("opacus==1.5.0", "opacus", "1.5"), ("Opacus==1.4", "opacus", "1.4.0"),
-     ("tensorflow_privacy==0.9.0", "tensorflow-privacy", "0.9.0"), ("jax-privacy==2.0", "jax-privacy", "2.0.0")],
+     ("tensorflow_privacy==0.9.0", "tensorflow-privacy", "0.9.0"), ("jax-privacy==2.0", "jax-privacy", "2.0.0"),
+     ("jax_privacy==1.0.0", "jax-privacy", "1.0.0")],
 )  # fmt: skip
 def test_a_spec_names_a_supported_release_as_the_index_spells_it(spec, package, version):
     release = parse_release(spec)
@@ -38,7 +40,7 @@ def test_a_spec_names_a_supported_release_as_the_index_spells_it(spec, package, 
     "spec, message",
     [("opacus=1.5.2", "PACKAGE==VERSION"), ("opacus", "PACKAGE==VERSION"), ("opacus>=1.5", "PACKAGE==VERSION"),
      ("opacus==1.3.0", "supported: 1.4.0, 1.4.1, 1.5,"), ("opacus==1.7.0", "not a supported release"),
-     ("jax-privacy==1.0.0", "supported: 2.0.0"), ("tensorflow==2.15.1", "known: opacus, tensorflow-privacy, jax-privacy")],
+     ("jax-privacy==1.5.0", "supported: 1.0.0, 2.0.0"), ("tensorflow==2.15.1", "known: opacus, tensorflow-privacy, jax-privacy")],
 )  # fmt: skip
 def test_a_bad_spec_says_what_is_supported(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
@@ -59,6 +61,19 @@ def test_the_release_replaces_its_pin_in_the_family_constraints():
     pins = (REPO / "constraints.txt").read_text()
     assert "opacus==" in pins and "opacus==" not in parse_release("opacus==1.4.0").constraints(pins)
     assert "torch==2.13.0" in parse_release("opacus==1.4.0").constraints(pins)
+    assert release.requirements == ("jax-privacy==2.0.0",)
+
+
+def test_a_release_whose_pins_conflict_with_the_familys_gets_its_own():
+    """JAX-Privacy 1.0.0 pins jax 0.6.2 where the family pins 0.10.2: its own pins are installed with it and
+    the family's pins of those packages leave the constraints; the others stay."""
+    release = parse_release("jax-privacy==1.0.0")
+    pins = (REPO / "constraints-jax.txt").read_text()
+    assert release.requirements[0] == "jax-privacy==1.0.0"
+    assert {"jax==0.6.2", "jaxlib==0.6.2", "keras==3.11.3"} <= set(release.requirements)
+    kept = release.constraints(pins)
+    assert "jax==0.10.2" in pins and not re.search(r"^(jax|jaxlib|keras|jax-privacy)==", kept, re.M)
+    assert "dp-accounting==0.6.0" in kept and "numpy==" in kept
 
 
 def test_the_declared_ranges_are_the_tested_ranges():
@@ -90,6 +105,18 @@ def test_a_path_a_release_lacks_is_named_with_the_reason_never_called():
     assert missing_path(parse_version("1.5"), "ghost", norm_sampler="linear_3d") is None
     with pytest.raises(ValueError, match="1.4 has no 'ghost' path"):
         make_private_call(parse_version("1.4.0"), "ghost")
+
+
+def test_a_jax_privacy_path_1_0_0_lacks_is_named_with_the_reason():
+    """1.0.0's Keras API has no Poisson sampling in fit and calls neither clipped_grad nor gaussian_privatizer:
+    the Poisson Keras paths and every Keras variant are n/a there; its fixed-batch path and the core path
+    (variants included) run; 2.0.0 has every path."""
+    assert "first shipped in JAX-Privacy 2.0.0" in jax_missing_path((1,), "keras", poisson_in_fit=True, variant=False)
+    assert "DpsgdGradientComputer" in jax_missing_path((1,), "keras", poisson_in_fit=True, variant=True)
+    assert jax_missing_path((1,), "keras", poisson_in_fit=False, variant=False) is None
+    assert jax_missing_path((1,), "core", poisson_in_fit=True, variant=True) is None
+    assert all(jax_missing_path((2,), path, poisson_in_fit=p, variant=v) is None
+               for path in ("core", "keras") for p in (True, False) for v in (True, False))  # fmt: skip
 
 
 def test_the_ghost_clipping_norm_finding_holds_from_1_5_0_until_its_fix_in_1_5_3():

@@ -1,4 +1,4 @@
-"""JAX-Privacy 2.0 under audit: its core API, its Keras API, and deliberately buggy variants of each.
+"""JAX-Privacy 1.0.0 and 2.0.0 under audit: its core API, its Keras API, and deliberately buggy variants of each.
 
 ``jax-privacy-core`` trains the designated model with the library's building blocks: Poisson batches from
 ``batch_selection.CyclicPoissonSampling``, padded and masked with ``is_padding_example``; the clipped sum
@@ -19,6 +19,10 @@ that under-counts one layer's leaves; only that layer's design audits them.
 ``jax-privacy-keras-fixed-batches`` is the unmodified Keras API at its default, ``poisson_sampling_in_fit=False``:
 fixed-size batches of a shuffled dataset, accounted as Poisson sampling (google-deepmind/jax_privacy#84). At the
 default profiles' q = 1 its one batch is the full batch, the same mechanism as Poisson sampling at q = 1.
+
+On 1.0.0 (:mod:`._releases`, :mod:`._api`) the core path and its variants run as on 2.0.0 through that release's
+calls; its Keras API has no Poisson sampling in ``fit`` and clips and noises with its ``dp_sgd`` gradient
+computer, so of the Keras paths only ``jax-privacy-keras-fixed-batches`` runs and the others are ``n/a``.
 
 This module imports neither jax nor jax_privacy: listing implementations works without them.
 """
@@ -78,6 +82,21 @@ class JaxPrivacy(Implementation):
         self.step = step
         self.path = path
         self.call = dict(call or {})
+
+    def unavailable_reason(self) -> str | None:
+        """Also ``n/a`` where the installed release has no such path (:func:`._releases.missing_path`:
+        1.0.0's Keras API samples no Poisson batches in ``fit`` and calls neither of the variants' calls)."""
+        from importlib import metadata
+
+        from dpverify_jaxprivacy._releases import installed_version, missing_path
+
+        version = None if super().unavailable_reason() else installed_version()
+        reason = None if version is None else missing_path(
+            version, self.path, poisson_in_fit=not self.call.get("fixed_batches", False), variant=self.step != "correct"
+        )
+        if reason is None:
+            return super().unavailable_reason()
+        return f"n/a: {self.info.name} needs {reason}; installed: JAX-Privacy {metadata.version('jax-privacy')}"
 
     def train(self, request: TrainingRequest) -> TrainedModel:
         if self.path == "keras":
@@ -217,7 +236,9 @@ _FIXED_BATCH_NOTES = (
     "clipped_grad(normalize_by=B), adds gaussian_privatizer noise and SGD steps with lr·C; nothing is "
     "padded. Claim: its accountant (PLD), Poisson sampling at q = B/N for the run's steps: the mechanism it "
     "accounts is not the one it runs (a record sits in exactly one batch an epoch, or none, beside B - 1 "
-    "others), which jax_privacy#84 reports; 2.0.0 states its claim without a warning."
+    "others), which jax_privacy#84 reports; 2.0.0 states its claim without a warning. 1.0.0's DPKerasConfig has no "
+    "poisson_sampling_in_fit: fixed batches are its fit's only batching, clipped and noised by its dp_sgd gradient "
+    "computer (DpsgdGradientComputer: noise σ/B on the mean of the unit-rescaled clipped rows), accounted the same way."
 )
 
 

@@ -1,7 +1,7 @@
 """DP-SGD on JAX-Privacy's core API (imports jax and jax_privacy).
 
 One run: ``batch_selection.CyclicPoissonSampling`` (cycle length 1: Poisson sampling with rate q, exactly
-``steps`` batches) draws each step's records; the batch is padded with ``pad_to_multiple_of`` (see :func:`padding_multiple`) and
+``steps`` batches) draws each step's records; the batch is padded (``pad_to_multiple_of``, 1.0.0: ``split_and_pad_global_batch``; :mod:`._api`; see :func:`padding_multiple`) and
 the padding marked with ``is_padding_example``, so one traced step serves a range of batch sizes; ``clipped_grad`` sums the per-example gradients of the designated model (:func:`designated_model`: softmax regression, the MLP or a layer design's, :mod:`._layers`), each
 clipped to C and rescaled to unit norm; ``gaussian_privatizer(stddev=σ · l2_norm_bound)`` adds the noise; the
 update is ``lr · C · noisy sum / normaliser`` (the C undoes the unit rescale, so the update is the designated
@@ -24,12 +24,12 @@ from dpverify_jaxprivacy._jax import jax, jnp
 
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax_privacy import batch_selection  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 
 from dpverify.contract import LayerArchitecture, TrainingRequest, hand_over_kernels  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
-from dpverify_jaxprivacy._steps import DP_STEPS, LIBRARY_PRIVATIZER, DPStep  # noqa: E402
+from dpverify_jaxprivacy import _api  # noqa: E402
+from dpverify_jaxprivacy._steps import DP_STEPS, DPStep  # noqa: E402
 
 __all__ = [
     "LAYER_ORDER", "layer_order", "padding_multiple", "init_params", "logits", "black_box", "Model", "MLP",
@@ -161,8 +161,7 @@ def _traced_step(step: DPStep, microbatch_size: int, forward: Callable = logits)
     @jax.jit
     def dp_step(params, noise_state, features, labels, is_padding, stddev, scale):
         grads = clipped_sum(params, features, labels, is_padding_example=is_padding)
-        # The update reads only the state it is given, never the key the privatizer was built with.
-        noisy, noise_state = LIBRARY_PRIVATIZER(stddev=stddev, prng_key=0).update(grads, noise_state)
+        noisy, noise_state = _api.add_noise(grads, noise_state, stddev)
         return jax.tree.map(lambda p, g: p - scale * g, params, noisy), noise_state
 
     return clipped_sum.l2_norm_bound, dp_step
@@ -176,15 +175,16 @@ def train_core(request: TrainingRequest, kind: str, noise_multiplier: float) -> 
     model = designated_model(request)
     seeds = seeds_for(request.seed)
     params = model.init_params(request, seeds.init)
-    # The privatizer's state: its key, drawn from the run's seed, and the (empty) state of its noising matrix.
-    noise_state = LIBRARY_PRIVATIZER(stddev=0.0, prng_key=jax.random.key(seeds.noise)).init(params)
+    noise_state = _api.noise_state(params, jax.random.key(seeds.noise))  # its key drawn from the run's seed
     scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / normaliser)
-    sampler = batch_selection.CyclicPoissonSampling(sampling_prob=hp.sampling_rate, iterations=hp.steps)
+    batches = _api.poisson_batches(
+        num_examples=request.num_records, sampling_prob=hp.sampling_rate, iterations=hp.steps, rng=seeds.sampling
+    )
     features, labels = request.features, request.labels
     hand_over_kernels(request, 0, lambda: model.order(params))
-    for taken, batch in enumerate(sampler.batch_iterator(request.num_records, rng=seeds.sampling), start=1):
+    for taken, batch in enumerate(batches, start=1):
         batch = np.asarray(batch, dtype=np.int64)
-        padded = batch_selection.pad_to_multiple_of(batch, padding_multiple(batch.size))
+        padded = _api.pad(batch, padding_multiple(batch.size))
         if padded.size == 0:  # an empty Poisson batch: one all-padding block keeps the step (noise only)
             padded = np.full(padding_multiple(0), -1, dtype=np.int64)
         is_padding = padded < 0

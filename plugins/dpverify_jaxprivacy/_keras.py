@@ -9,7 +9,8 @@ A run is what the library's documentation shows: a Keras 3 model of the designat
 into one update. ``microbatch_size`` is the core path's (:data:`~dpverify_jaxprivacy._core.MICROBATCH`,
 at most the batch). ``rescale_to_unit_norm`` stays at its default (True), so the learning rate is lr · C and the
 update is the designated one. ``DPKerasConfig`` refuses σ = 0, so a non-private request (σ = 0, as the
-conformance checks make) runs the library's DP step with a privatizer of stddev 0 and claims ε = ∞. A variant's DP step replaces the library's two calls while ``fit`` traces
+conformance checks make) runs the library's DP step with a privatizer of stddev 0 (1.0.0: its gradient
+computer with noise multiplier 0, :func:`._api.without_noise`) and claims ε = ∞. A variant's DP step replaces the library's two calls while ``fit`` traces
 (:func:`dpverify_jaxprivacy._steps.library_calls`).
 
 At the config's default ``poisson_sampling_in_fit=False`` (``KerasCall(fixed_batches=True)``) ``fit`` is given
@@ -44,10 +45,10 @@ from dpverify_jaxprivacy._jax import jax, keras_on_jax
 keras = keras_on_jax()
 
 import numpy as np  # noqa: E402
-from jax_privacy import keras_api  # noqa: E402
 
 from dpverify.contract import PrivacyClaim, TrainingRequest, hand_over_kernels  # noqa: E402
-from dpverify_jaxprivacy import _accounting  # noqa: E402
+from dpverify_jaxprivacy import _accounting, _api  # noqa: E402
+from dpverify_jaxprivacy._api import keras_api  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify_jaxprivacy._core import LAYER_ORDER, MICROBATCH, black_box  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep, library_calls  # noqa: E402
@@ -201,6 +202,8 @@ def private_model(config: _Configuration) -> tuple[keras.Model, list[np.ndarray]
         layers.append(keras.layers.Dense(config.hidden_width, activation="relu"))
     layers.append(keras.layers.Dense(config.num_classes))
     model = keras_api.make_private(keras.Sequential(layers), config.dp)
+    if config.kind == "no_noise":
+        _api.without_noise(model)
     accumulation = config.dp.gradient_accumulation_steps
     model.compile(
         optimizer=keras.optimizers.SGD(
@@ -275,8 +278,10 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
     physical_steps = hp.steps * k
     dp = dict(
         delta=hp.delta, clipping_norm=float(hp.max_grad_norm), batch_size=batch_size, gradient_accumulation_steps=k,
-        train_steps=physical_steps, train_size=n, poisson_sampling_in_fit=not call.fixed_batches,
-        microbatch_size=_microbatch_size(batch_size, padded=not call.fixed_batches),
+        train_steps=physical_steps, train_size=n,
+        **_api.keras_fields(
+            poisson_in_fit=not call.fixed_batches, microbatch_size=_microbatch_size(batch_size, padded=not call.fixed_batches)
+        ),
     )
     epsilon = hp.target_epsilon
     sigma = hp.noise_multiplier
@@ -315,7 +320,7 @@ def train_keras(request: TrainingRequest, kind: str, call: KerasCall) -> KerasRu
                 features, labels, batch_size=batch_size, epochs=1, steps_per_epoch=physical_steps, verbose=0,
                 callbacks=callbacks,
             )
-        sigma = float(model.get_noise_multiplier())
+        sigma = _api.noise_multiplier(model)
         weights = _weights(model)
     names = LAYER_ORDER if config.hidden_width else LAYER_ORDER[2:]
     # The claim: the library's accountant on the numbers its config checked (physical batch and steps when the

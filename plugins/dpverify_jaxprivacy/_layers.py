@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
 from dpverify_jaxprivacy._jax import jax, jnp
 
 import numpy as np  # noqa: E402
-from jax_privacy import clipping  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 
 from dpverify.contract import LayerArchitecture, TrainingRequest  # noqa: E402
+from dpverify_jaxprivacy._api import clipping  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep  # noqa: E402
 
 __all__ = ["LAYER_TYPES", "LAYER_STEPS", "UNDERCOUNTS", "LayerType", "LayerModel", "Undercount", "UndercountingStep",
@@ -203,7 +204,7 @@ class UndercountingStep(DPStep):
             with _clip_pytree_is(clip_pytree):
                 return library.fun(*call_args, **call_kwargs)
 
-        return clipping.BoundedSensitivityCallable(fun=undercounted, l2_norm_bound=library.l2_norm_bound, has_aux=library.has_aux)
+        return dataclasses.replace(library, fun=undercounted)  # its bound and the rest of the library's fields
 
 
 def layer_step(kind: str, *, clip_norm: float, batch_size: float, architecture) -> DPStep:

@@ -23,24 +23,26 @@ Each variant changes exactly one thing and keeps the claim:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass, field
 
 import jax_privacy
-from jax_privacy import clipping, noise_addition
+from jax_privacy import noise_addition
 
-__all__ = ["DP_STEPS", "LIBRARY_PRIVATIZER", "UNCLIPPED_NORM", "DPStep", "library_calls"]
+from dpverify_jaxprivacy._api import GAUSSIAN_PRIVATIZER
+
+__all__ = ["DP_STEPS", "UNCLIPPED_NORM", "DPStep", "library_calls"]
 
 DP_STEPS: tuple[str, ...] = ("correct", "no_noise", "no_clipping", "noise_for_mean", "noise_for_clip_norm")
 
 #: The clip norm of the no-clipping variant: no gradient of a finite float32 model reaches it.
 UNCLIPPED_NORM = 1e30
 
-#: The library's own functions, kept before :func:`library_calls` ever replaces them (the privatizer is
-#: public: the core path builds one inside its trace).
+#: The library's own clipped_grad, kept before :func:`library_calls` ever replaces it (its privatizer is
+#: kept in :mod:`._api`).
 _CLIPPED_GRAD = jax_privacy.clipped_grad
-LIBRARY_PRIVATIZER = noise_addition.gaussian_privatizer
 _SWAP_LOCK = threading.Lock()
 
 
@@ -58,7 +60,7 @@ class DPStep:
         if self.kind not in DP_STEPS:
             raise ValueError(f"unknown DP step {self.kind!r}; expected one of {', '.join(DP_STEPS)}")
 
-    def clipped_grad(self, fun, *args, **kwargs) -> clipping.BoundedSensitivityCallable:
+    def clipped_grad(self, fun, *args, **kwargs):
         """``jax_privacy.clipped_grad(fun, ...)``; the no-clipping variant clips at :data:`UNCLIPPED_NORM`
         (scaling as the unit-norm rescale would) and states the nominal bound."""
         if self.kind != "no_clipping":
@@ -70,7 +72,7 @@ class DPStep:
             kwargs["normalize_by"] = normalize_by * clip_norm
         unclipped = _CLIPPED_GRAD(fun, *args, **kwargs)
         nominal = (1.0 if rescale else clip_norm) / normalize_by  # what the library states for these arguments
-        return clipping.BoundedSensitivityCallable(fun=unclipped.fun, l2_norm_bound=nominal, has_aux=unclipped.has_aux)
+        return dataclasses.replace(unclipped, l2_norm_bound=nominal)
 
     def noise_stddev(self, stddev: float) -> float:
         """The standard deviation the variant gives ``gaussian_privatizer`` where the library gives ``stddev``."""
@@ -86,7 +88,7 @@ class DPStep:
 
     def privatizer(self, *, stddev: float, **kwargs):
         """``gaussian_privatizer(stddev=...)`` as the variant calls it."""
-        return LIBRARY_PRIVATIZER(stddev=self.noise_stddev(stddev), **kwargs)
+        return GAUSSIAN_PRIVATIZER(stddev=self.noise_stddev(stddev), **kwargs)
 
 
 @contextlib.contextmanager
@@ -104,4 +106,4 @@ def library_calls(step: DPStep):
             yield
         finally:
             jax_privacy.clipped_grad = _CLIPPED_GRAD
-            noise_addition.gaussian_privatizer = LIBRARY_PRIVATIZER
+            noise_addition.gaussian_privatizer = GAUSSIAN_PRIVATIZER

@@ -17,8 +17,10 @@ The releases differ where the plugin calls them (read in each release's ``privac
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from dpverify.releases import installed_version as installed
+from dpverify.releases import parse_version
 
 __all__ = [
     "GHOST_MAX_GRAD_NORM",
@@ -75,26 +77,9 @@ class MakePrivateCall:
     double_backward: bool
 
 
-def parse_version(text: str) -> tuple[int, ...]:
-    """``"1.5.2"`` → ``(1, 5, 2)``, trailing zeros dropped (``"1.5.0"`` and ``"1.5"`` are one release); a
-    local or pre-release suffix is ignored."""
-    match = re.match(r"^\s*(\d+(?:\.\d+)*)", text or "")
-    if match is None:
-        raise ValueError(f"not a release number: {text!r}")
-    parts = [int(part) for part in match.group(1).split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
-
-
 def installed_version() -> tuple[int, ...] | None:
     """The installed Opacus release, or ``None`` when Opacus is not installed."""
-    from importlib import metadata
-
-    try:
-        return parse_version(metadata.version("opacus"))
-    except metadata.PackageNotFoundError:
-        return None
+    return installed("opacus")
 
 
 def missing_path(version: tuple[int, ...], grad_sample_mode: str, *, norm_sampler: str | None = None) -> str | None:
