@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import collections
 import contextlib
 import json
 import os
@@ -487,13 +488,14 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
 
 
 def _share_among_jobs(plan: list[tuple[Any, Any, Any]], jobs: int) -> tuple[list[tuple[Any, Any, Any]], list[Any]]:
-    """``--jobs``: this environment's runnable implementations dealt into ``jobs`` hands; the audits of the
-    first (and of the implementations that cannot run here, to say so) stay in this process, each other hand
-    is delegated to a process of this environment's own Python, which audits it as an ``--env`` run would."""
+    """``--jobs``: this environment's runnable implementations dealt into ``jobs`` hands of about equal audit
+    counts (:func:`~dpverify.environments.deal`); the audits of the first (and of the implementations that
+    cannot run here, to say so) stay in this process, each other hand is delegated to a process of this
+    environment's own Python, which audits it as an ``--env`` run would."""
     from dpverify.environments import Delegation, deal, plan_entry, this_environment
 
-    runnable = dict.fromkeys(audit.implementation_name for audit, impl, _ in plan if impl.unavailable_reason() is None)
-    _, *others = deal(list(runnable), jobs) or [()]
+    runnable = collections.Counter(audit.implementation_name for audit, impl, _ in plan if impl.unavailable_reason() is None)
+    _, *others = deal(list(runnable), jobs, audits=runnable) or [()]
     shared = [
         Delegation(
             environment=this_environment(),

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from dpverify.results import result_without_bound
 from dpverify.session import AuditSession
@@ -55,10 +55,21 @@ def this_environment() -> Environment:
     return Environment(given="this environment", python=Path(sys.executable))
 
 
-def deal(names: Sequence[str], jobs: int) -> list[tuple[str, ...]]:
-    """``names`` dealt in turn into ``jobs`` hands, the empty ones dropped. Names in order (an implementation and
-    its variants sit side by side) land in different hands, so each process gets a share of every family."""
-    return [hand for hand in (tuple(names[start::jobs]) for start in range(jobs)) if hand]
+def deal(names: Sequence[str], jobs: int, *, audits: Mapping[str, int] | None = None) -> list[tuple[str, ...]]:
+    """``names`` dealt into ``jobs`` hands, the empty ones dropped, each hand in the names' order. With
+    ``audits`` (each name's count of planned audits) the names with the most audits go first, each to the
+    hand with the fewest audits so far (the longest-first rule), so that no process is left running alone
+    at the end; without, in turn. Ties go in the names' order, so neighbours (an implementation and its
+    variants) land in different hands and each process gets a share of every family."""
+    weight = audits or {}
+    hands: list[list[str]] = [[] for _ in range(jobs)]
+    loads = [0] * jobs
+    for rank, name in sorted(enumerate(names), key=lambda item: (-weight.get(item[1], 1), item[0])):
+        hand = min(range(jobs), key=lambda h: (loads[h], len(hands[h]))) if audits else rank % jobs
+        hands[hand].append(name)
+        loads[hand] += weight.get(name, 1)
+    order = {name: rank for rank, name in enumerate(names)}
+    return [tuple(sorted(hand, key=order.__getitem__)) for hand in hands if hand]
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,16 @@ def test_deal_gives_neighbours_to_different_hands_and_drops_empty_ones():
     assert deal([], 2) == []
 
 
+def test_deal_by_audit_counts_gives_the_largest_first_to_the_lightest_hand():
+    """Longest first: each implementation, most audits first, to the hand with the fewest so far; each hand
+    keeps the names' order. (Round robin would give 19 and 12 here.)"""
+    counts = {"ghost": 9, "hooks": 9, "ref": 8, "v1": 1, "v2": 1, "v3": 2, "lm": 1}
+    hands = deal(list(counts), 2, audits=counts)
+    assert hands == [("ghost", "ref"), ("hooks", "v1", "v2", "v3", "lm")]
+    assert [sum(counts[n] for n in hand) for hand in hands] == [17, 14]
+    assert deal(["a", "b", "c"], 2, audits={}) == deal(["a", "b", "c"], 2)
+
+
 def _audit(report, *args):
     run = subprocess.run(
         [sys.executable, "-m", "dpverify", "audit", "--worlds", "none", "--every-update", "off", "--seed", "7", "--m", "400", "--report",
