@@ -484,9 +484,13 @@ LAYER_GATE_SETTINGS: tuple[str, ...] = ("device", "timeout")
 
 def one_run_full_batch(profile: str, settings: dict[str, Any]) -> bool:
     """Whether the one-run audits of ``profile`` with a run's ``settings`` (``--set``, ``--dp-audit-set``)
-    train at q = 1 (:func:`dpverify.gate.gate_audits`' ``full_batch``)."""
+    train at q = 1 (:func:`dpverify.gate.gate_audits`' ``full_batch``). Settings no config takes say nothing
+    here (True): each audit's own config refuses them, naming its implementation."""
     chosen = {k: v for k, v in settings.items() if k in OVERRIDABLE}
-    return profile_config(profile, **chosen).hyperparameters.sampling_rate == 1.0
+    try:
+        return profile_config(profile, **chosen).hyperparameters.sampling_rate == 1.0
+    except ValueError:
+        return True
 
 
 def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> AuditConfig:
