@@ -17,8 +17,9 @@ The releases differ where the plugin calls them (read in each release's ``privac
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from dpverify.releases import Finding, installed_release, parse_version
 
 __all__ = [
     "GHOST_MAX_GRAD_NORM",
@@ -34,19 +35,6 @@ __all__ = [
 #: The first release with ghost clipping, and the first whose ``make_private`` takes the criterion.
 GHOST_FIRST = (1, 5)
 CRITERION_FIRST = (1, 5, 3)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A leak in unmodified releases ``[first, fixed)``: the upstream report or fix, and what it is."""
-
-    issue: str
-    first: tuple[int, ...]
-    fixed: tuple[int, ...]
-    summary: str
-
-    def applies(self, version: tuple[int, ...]) -> bool:
-        return self.first <= version < self.fixed
 
 
 #: Opacus 1.5.0–1.5.2: make_private's ghost module clips at its default max_grad_norm 1, not at C.
@@ -75,26 +63,9 @@ class MakePrivateCall:
     double_backward: bool
 
 
-def parse_version(text: str) -> tuple[int, ...]:
-    """``"1.5.2"`` → ``(1, 5, 2)``, trailing zeros dropped (``"1.5.0"`` and ``"1.5"`` are one release); a
-    local or pre-release suffix is ignored."""
-    match = re.match(r"^\s*(\d+(?:\.\d+)*)", text or "")
-    if match is None:
-        raise ValueError(f"not a release number: {text!r}")
-    parts = [int(part) for part in match.group(1).split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
-
-
 def installed_version() -> tuple[int, ...] | None:
     """The installed Opacus release, or ``None`` when Opacus is not installed."""
-    from importlib import metadata
-
-    try:
-        return parse_version(metadata.version("opacus"))
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_release("opacus")
 
 
 def missing_path(version: tuple[int, ...], grad_sample_mode: str, *, norm_sampler: str | None = None) -> str | None:
@@ -123,6 +94,4 @@ def make_private_call(version: tuple[int, ...], grad_sample_mode: str) -> MakePr
 
 def ghost_finding(version: tuple[int, ...] | None) -> Finding | None:
     """The finding that holds for release ``version``'s ghost clipping, if any."""
-    if version is not None and GHOST_MAX_GRAD_NORM.applies(version):
-        return GHOST_MAX_GRAD_NORM
-    return None
+    return GHOST_MAX_GRAD_NORM if GHOST_MAX_GRAD_NORM.applies(version) else None
