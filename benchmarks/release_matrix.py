@@ -30,8 +30,18 @@ def cell(audit: dict, issues: dict[str, str]) -> str:
     text += f" ε_L={'-' if bound is None else f'{bound:.2f}'}/{claimed} k*={k_star}"
     issue = issues.get(audit["implementation"])
     if audit["expected"] == "known-issue" and issue:
-        text += f" [#{issue.rsplit('/', 1)[-1]}]({issue})"
+        text += f" [{link_label(issue)}]({issue})"
     return text
+
+
+def link_label(address: str) -> str:
+    """``#571`` for an issue or pull request, the short hash for a commit, else the address' last part."""
+    tail = address.rstrip("/").rsplit("/", 1)[-1]
+    if tail.isdigit():
+        return f"#{tail}"
+    if "/commit/" in address:
+        return tail[:7]
+    return tail
 
 
 def tables(reports: list[dict]) -> str:
