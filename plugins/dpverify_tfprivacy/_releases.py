@@ -25,15 +25,16 @@ __all__ = ["DENSE_BIAS_3D", "dense_finding", "installed_version", "missing_step"
 #: The first release whose Dense norm is the einsum formula (and has ``compute_fast_einsum_squared_gradient_norm``).
 EINSUM_NORM_FIRST = (0, 9)
 
-#: TF-Privacy 0.8.12: the fast-clipping Dense norm states a 3-D input's bias part as Σ_t |g_t|².
+#: TF-Privacy 0.8.12: the fast-clipping Dense norm states a 3-D input's bias part as Σ_t |g_t|². Its address is the
+#: fixed release's ``dense.py``: we found no upstream issue or pull request about it.
 DENSE_BIAS_3D = Finding(
-    issue="https://github.com/tensorflow/privacy/commit/f51b637ddad88a0aa0f0c019ed32d05cd84c5fce",
+    issue="https://github.com/tensorflow/privacy/blob/v0.9.0/tensorflow_privacy/privacy/fast_gradient_clipping/registry_functions/dense.py",
     first=(0, 8, 12),
     fixed=EINSUM_NORM_FIRST,
     summary="fast clipping's Dense registry function (registry_functions/dense.py, num_microbatches=None) takes "
     "a record's squared norm as (Σ|x|² + 1)·Σ|g|² over its positions, so on a 3-D (sequence) input the bias part "
     "is Σ_t |g_t|² instead of |Σ_t g_t|², up to T times too small (√T in the norm; Opacus #751's bug): a record whose bias "
-    "gradient dominates is clipped too weakly. 0.9.0's dense.py takes the norm with "
+    "gradient dominates is clipped too weakly. Fixed in 0.9.0, whose dense.py takes the norm with "
     "einsum_utils.compute_fast_einsum_squared_gradient_norm, which sums the bias gradient over the positions",
 )
 
