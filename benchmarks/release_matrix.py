@@ -24,14 +24,29 @@ def cell(audit: dict, issues: dict[str, str]) -> str:
     bound = max((b for b in bounds if b is not None), default=None)
     power = audit.get("power") or {}
     deficit = power.get("smallest_deficit")
-    k_star = "n/a" if not power else "none" if deficit is None else f"{deficit:.1f}"
+    if not power:
+        k_star = "n/a"
+    elif not power.get("deficit_stated", True):  # the design has no validated deficit model (the CLI's table says so too)
+        k_star = "not stated"
+    else:
+        k_star = "none" if deficit is None else f"{deficit:.1f}"
     text = f"{audit['verdict']} {outcome_mark(audit)}".rstrip()
     claimed = "∞" if "claimed_epsilon" in audit.get("infinite", ()) else f"{audit['claimed_epsilon']:.2f}"
     text += f" ε_L={'-' if bound is None else f'{bound:.2f}'}/{claimed} k*={k_star}"
     issue = issues.get(audit["implementation"])
     if audit["expected"] == "known-issue" and issue:
-        text += f" [#{issue.rsplit('/', 1)[-1]}]({issue})"
+        text += f" [{link_label(issue)}]({issue})"
     return text
+
+
+def link_label(address: str) -> str:
+    """``#571`` for an issue or pull request, the short hash for a commit, else the address' last part."""
+    tail = address.rstrip("/").rsplit("/", 1)[-1]
+    if tail.isdigit():
+        return f"#{tail}"
+    if "/commit/" in address:
+        return tail[:7]
+    return tail
 
 
 def tables(reports: list[dict]) -> str:
@@ -60,7 +75,8 @@ def tables(reports: list[dict]) -> str:
                 reason = skipped["reason"].removeprefix(f"{name} ")
                 if reason not in reasons:
                     reasons.append(reason)
-                implementation_of.setdefault(name, name)
+                if name not in implementation_of.values():  # no release ran it: one row of its name
+                    implementation_of[name] = name
                 for row in [row for row, owner in implementation_of.items() if owner == name]:
                     rows[row].setdefault(version, f"n/a [{reasons.index(reason) + 1}]")
         out.append(f"### {package}\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["LIBRARIES", "Library", "Release", "installed_version", "parse_release", "parse_version", "releases"]
+__all__ = ["LIBRARIES", "Finding", "Library", "Release", "installed_release", "parse_release", "parse_version", "releases"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,42 @@ LIBRARIES: tuple[Library, ...] = (
         pins=(("1.0.0", ("jax==0.6.2", "jaxlib==0.6.2", "more-itertools==10.1.0", "chex==0.1.90", "keras==3.11.3")),),
     ),
 )
+
+@dataclass(frozen=True)
+class Finding:
+    """A leak in unmodified releases ``[first, fixed)`` of one library: the upstream report or fix, and what
+    it is. A plugin makes the path it holds for ``known-issue`` on those releases only."""
+
+    issue: str
+    first: tuple[int, ...]
+    fixed: tuple[int, ...]
+    summary: str
+
+    def applies(self, version: tuple[int, ...] | None) -> bool:
+        return version is not None and self.first <= version < self.fixed
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"1.5.2"`` → ``(1, 5, 2)``, trailing zeros dropped (``"1.5.0"`` and ``"1.5"`` are one release); a
+    local or pre-release suffix is ignored."""
+    match = re.match(r"^\s*(\d+(?:\.\d+)*)", text or "")
+    if match is None:
+        raise ValueError(f"not a release number: {text!r}")
+    parts = [int(part) for part in match.group(1).split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def installed_release(package: str) -> tuple[int, ...] | None:
+    """The installed release of ``package`` (:func:`parse_version`), or ``None`` when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return parse_version(metadata.version(package))
+    except metadata.PackageNotFoundError:
+        return None
+
 
 _SPEC = re.compile(r"^(?P<package>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][0-9A-Za-z.]*)$")
 
@@ -114,28 +150,6 @@ def _pinned_name(line: str) -> str | None:
 def _release_number(version: str) -> str:
     """``version`` without trailing ``.0`` parts, as pip compares them (1.5.0 is the index's 1.5)."""
     return re.sub(r"(\.0+)+$", "", version)
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """``"1.5.2"`` → ``(1, 5, 2)``, trailing zeros dropped (``"1.5.0"`` and ``"1.5"`` are one release); a
-    local or pre-release suffix is ignored. What the plugins compare releases by."""
-    match = re.match(r"^\s*(\d+(?:\.\d+)*)", text or "")
-    if match is None:
-        raise ValueError(f"not a release number: {text!r}")
-    parts = [int(part) for part in match.group(1).split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
-
-
-def installed_version(package: str) -> tuple[int, ...] | None:
-    """The installed release of ``package`` (:func:`parse_version`), or ``None`` when it is not installed."""
-    from importlib import metadata
-
-    try:
-        return parse_version(metadata.version(package))
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def releases() -> list[Release]:

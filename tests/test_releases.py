@@ -19,6 +19,7 @@ from dpverify_opacus._releases import (
     missing_path,
     parse_version,
 )
+from dpverify_tfprivacy._releases import DENSE_BIAS_3D, dense_finding, missing_step
 from tests.test_plugin import REPO
 
 OPACUS = [release.version for release in releases() if release.library.package == "opacus"]
@@ -124,6 +125,24 @@ def test_the_ghost_clipping_norm_finding_holds_from_1_5_0_until_its_fix_in_1_5_3
     assert holds == ["1.5", "1.5.1", "1.5.2"]
     assert ghost_finding(None) is None
     assert parse_version("1.5.0") == parse_version("1.5") < parse_version("1.5.3") < parse_version("1.10")
+
+
+def test_tf_privacys_dense_bias_finding_holds_on_0_8_12_and_its_variant_is_n_a_there_only():
+    tf_privacy = [parse_version(r.version) for r in releases() if r.library.package == "tensorflow-privacy"]
+    assert [dense_finding(v) for v in tf_privacy] == [DENSE_BIAS_3D, None] and dense_finding(None) is None
+    assert "first shipped in TF-Privacy 0.9.0" in missing_step(parse_version("0.8.12"), "linear_bias_norm")
+    assert missing_step(parse_version("0.9.0"), "linear_bias_norm") is None
+    assert missing_step(parse_version("0.8.12"), "embedding_norm") is None
+
+
+def test_the_installed_tf_privacy_has_the_einsum_norm_exactly_where_the_variant_is_built():
+    pytest.importorskip("tensorflow_privacy", reason="needs TF-Privacy: pip install 'dpverify[tf-privacy]'")
+    from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_utils
+
+    from dpverify_tfprivacy._releases import installed_version
+
+    has_it = hasattr(einsum_utils, "compute_fast_einsum_squared_gradient_norm")
+    assert has_it is (missing_step(installed_version(), "linear_bias_norm") is None)
 
 
 def test_the_installed_release_takes_the_arguments_its_call_passes():

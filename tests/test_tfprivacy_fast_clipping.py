@@ -136,3 +136,28 @@ def test_trains_tagged_requests_and_reports_the_steps(fast):
     assert tags.shape == (request.num_records, request.num_tags) and np.all(np.isfinite(tags))
     trained = implementation("tf-privacy-fast-clipping").train(request)
     np.testing.assert_array_equal(trained.predict_tag_log_proba(request.features), tags)  # seeded
+
+
+def test_the_installed_dense_norm_of_a_sequence_is_exact_unless_a_finding_says_it_is_not(fast):
+    """Against the installed TF-Privacy: its fast-clipping Dense norm of each record of a 3-D input, as the
+    linear_3d design feeds it (equal positions, a small input, the bias' share dominant), against each record's
+    own backward pass. 0.9.0 is exact; 0.8.12 states the bias part as Σ_t |g_t|² (its finding)."""
+    import tensorflow as tf
+
+    from dpverify_tfprivacy._releases import dense_finding, installed_version
+
+    records, positions = 3, 9
+    inputs = tf.tile(tf.constant([[[0.125, 0.0]], [[0.0, 0.125]], [[0.125, 0.125]]]), [1, positions, 1])
+    layer = tf.keras.layers.Dense(4)
+    layer.build(inputs.shape)
+    weights = tf.constant([1.0, -2.0, 0.5, 3.0])
+    with tf.GradientTape() as tape:
+        base_vars, outputs, sqr_norm_fn = fast.dense.dense_layer_computation(layer, (inputs,), {}, tape)
+        total = tf.reduce_sum(outputs * weights)
+    stated = sqr_norm_fn(tape.gradient(total, base_vars)).numpy()
+    true = []
+    for i in range(records):
+        with tf.GradientTape() as own:
+            loss = tf.reduce_sum(layer(inputs[i : i + 1]) * weights)
+        true.append(sum(float(tf.reduce_sum(g**2)) for g in own.gradient(loss, layer.trainable_variables)))
+    assert np.allclose(stated, true, rtol=1e-5) is (dense_finding(installed_version()) is None)

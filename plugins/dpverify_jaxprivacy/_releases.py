@@ -17,7 +17,7 @@ Read in each release's wheel:
 
 from __future__ import annotations
 
-from dpverify.releases import installed_version as installed
+from dpverify.releases import installed_release as installed
 from dpverify.releases import parse_version
 
 __all__ = ["POISSON_IN_FIT_FIRST", "installed_version", "missing_path", "parse_version"]

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpverify.releases import installed_version as installed
-from dpverify.releases import parse_version
+from dpverify.releases import Finding, installed_release, parse_version
 
 __all__ = [
     "GHOST_MAX_GRAD_NORM",
@@ -36,19 +35,6 @@ __all__ = [
 #: The first release with ghost clipping, and the first whose ``make_private`` takes the criterion.
 GHOST_FIRST = (1, 5)
 CRITERION_FIRST = (1, 5, 3)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A leak in unmodified releases ``[first, fixed)``: the upstream report or fix, and what it is."""
-
-    issue: str
-    first: tuple[int, ...]
-    fixed: tuple[int, ...]
-    summary: str
-
-    def applies(self, version: tuple[int, ...]) -> bool:
-        return self.first <= version < self.fixed
 
 
 #: Opacus 1.5.0–1.5.2: make_private's ghost module clips at its default max_grad_norm 1, not at C.
@@ -79,7 +65,7 @@ class MakePrivateCall:
 
 def installed_version() -> tuple[int, ...] | None:
     """The installed Opacus release, or ``None`` when Opacus is not installed."""
-    return installed("opacus")
+    return installed_release("opacus")
 
 
 def missing_path(version: tuple[int, ...], grad_sample_mode: str, *, norm_sampler: str | None = None) -> str | None:
@@ -108,6 +94,4 @@ def make_private_call(version: tuple[int, ...], grad_sample_mode: str) -> MakePr
 
 def ghost_finding(version: tuple[int, ...] | None) -> Finding | None:
     """The finding that holds for release ``version``'s ghost clipping, if any."""
-    if version is not None and GHOST_MAX_GRAD_NORM.applies(version):
-        return GHOST_MAX_GRAD_NORM
-    return None
+    return GHOST_MAX_GRAD_NORM if GHOST_MAX_GRAD_NORM.applies(version) else None
