@@ -169,11 +169,14 @@ def decide_verdict(
 
 
 @dataclass(frozen=True)
-class TestedRuns:
-    """Both tests of an audit's pooled runs at one ``confidence`` (a look's share, :mod:`dpverify.stats.looks`):
-    the (ε, δ) test's ``outcome``, the curve test's ``curve``, the ``verdict`` they give (with ``needed``
-    canaries when undecided), the claim's mechanism ``run``, its δ and the runs' sizes."""
+class LookOutcome:
+    """Both tests of an audit's pooled runs at one look's ``confidence`` (:mod:`dpverify.stats.looks`): the
+    runs' ``scores`` and ``membership`` end to end, the (ε, δ) test's ``outcome``, the curve test's
+    ``curve``, the ``verdict`` they give (with ``needed`` canaries when undecided), the claim's mechanism
+    ``run``, its δ and the runs' sizes."""
 
+    scores: np.ndarray
+    membership: np.ndarray
     outcome: GuessOutcome
     curve: CurveOutcome
     verdict: str
@@ -184,24 +187,18 @@ class TestedRuns:
     run_sizes: tuple[int, ...]
 
 
-def test_runs(
-    config: AuditSettings,
-    trained: ScoredRun,
-    scores: np.ndarray,
-    membership: np.ndarray,
-    *,
-    claimed: float,
-    run_sizes: tuple[int, ...],
-    confidence: float,
-) -> TestedRuns:
-    """Both tests of ``scores`` against ``membership`` at ``confidence`` (split evenly between them) and the
-    verdict they give; ``claimed`` is :func:`claimed_epsilon` of ``trained`` (any run: pooled runs make one
-    claim). Both tests use the δ the claim holds at (design rule 8)."""
-    m = int(sum(run_sizes))
-    delta = trained.claim.delta
+def tested_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: float, confidence: float) -> LookOutcome:
+    """Both tests of the ``pooled`` runs so far at ``confidence`` (split evenly between them) and the verdict
+    they give; ``claimed`` is :func:`claimed_epsilon` of the runs' claim (pooled runs make one). Both tests
+    use the δ the claim holds at (design rule 8)."""
+    scores = np.concatenate([run.scores for run in pooled])
+    membership = np.concatenate([run.membership for run in pooled])
+    run_sizes = tuple(len(run.scores) for run in pooled)
+    claim = pooled[0].claim
+    delta = claim.delta
     steinke_confidence, curve_confidence = split_confidence(confidence)
     outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke_confidence, delta=delta)
-    run = claimed_run(trained.claim, config.relation)
+    run = claimed_run(claim, config.relation)
     curve = curve_outcome(
         outcome,
         run,
@@ -212,27 +209,26 @@ def test_runs(
         confidence=curve_confidence,
         delta=delta,
     )
-    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, m, delta=delta, curve=curve)
-    return TestedRuns(outcome, curve, verdict, needed, confidence, run, delta, run_sizes)
+    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, int(sum(run_sizes)), delta=delta, curve=curve)
+    return LookOutcome(scores, membership, outcome, curve, verdict, needed, confidence, run, delta, run_sizes)
 
 
 def concluded_result(
     fields: dict[str, Any],
     config: AuditSettings,
-    trained: ScoredRun,
-    scores: np.ndarray,
-    membership: np.ndarray,
-    tested: TestedRuns,
+    pooled: list[ScoredRun],
+    tested: LookOutcome,
     *,
     claim: tuple[float, str],
     clock: AuditClock,
-    test_accuracy: float | None = None,
-    not_designated: str | None = None,
 ) -> AuditResult:
-    """The audit's result from its runs' ``tested`` verdict: the claim check and the power beside it; ``claim``
-    is :func:`claimed_epsilon` of ``trained`` in the design's relation. A claim that contradicts its own
-    numbers is a violation whatever the scores. ``not_designated``: why a run's black box is not the
-    designated model (see :class:`ScoredRun`)."""
+    """The audit's result from the verdict ``tested`` gave on the ``pooled`` runs its look saw: the claim
+    check and the power beside it; ``claim`` is :func:`claimed_epsilon` of the runs' claim in the design's
+    relation. A claim that contradicts its own numbers is a violation whatever the scores. A run whose black
+    box is not the designated model (see :class:`ScoredRun`) is passed to the power's judgement."""
+    trained = pooled[0]
+    not_designated = next((run.not_designated for run in pooled if run.not_designated), None)
+    scores, membership = tested.scores, tested.membership
     m = int(sum(tested.run_sizes))
     claimed, derivation = claim
     outcome, curve, verdict, needed, delta = tested.outcome, tested.curve, tested.verdict, tested.needed, tested.delta
@@ -289,7 +285,7 @@ def concluded_result(
         scores=scores,
         membership=membership,
         bound_by_guesses=outcome.bound_by_guesses,
-        test_accuracy=test_accuracy,
+        test_accuracy=trained.test_accuracy if len(pooled) == 1 else None,
         power=power,
         auxiliary_failures=tuple(failures),
     )
@@ -404,42 +400,11 @@ def conclude_runs(
                 )
             pooled.append(run)
             if len(pooled) in early_looks:
-                tested = _tested(config, pooled, first_claim, early_looks[len(pooled)])
+                tested = tested_at_look(config, pooled, claimed=first_claim[0], confidence=early_looks[len(pooled)])
                 if tested.verdict == "violation":
                     getattr(scored, "close", lambda: None)()
-                    return _pooled_result(fields, config, pooled, first_claim, tested, clock)
-        tested = _tested(config, pooled, first_claim, schedule[-1][1])
-        return _pooled_result(fields, config, pooled, first_claim, tested, clock)
+                    return concluded_result(fields, config, pooled, tested, claim=first_claim, clock=clock)
+        tested = tested_at_look(config, pooled, claimed=first_claim[0], confidence=schedule[-1][1])
+        return concluded_result(fields, config, pooled, tested, claim=first_claim, clock=clock)
     except AuditFailure as failure:
         return error_result(fields, config, failure, device=device, clock=clock)
-
-
-def _tested(config: AuditSettings, pooled: list[ScoredRun], claim: tuple[float, str], confidence: float) -> TestedRuns:
-    """:func:`test_runs` of the ``pooled`` runs so far at a look's ``confidence``."""
-    return test_runs(
-        config,
-        pooled[0],
-        np.concatenate([run.scores for run in pooled]),
-        np.concatenate([run.membership for run in pooled]),
-        claimed=claim[0],
-        run_sizes=tuple(len(run.scores) for run in pooled),
-        confidence=confidence,
-    )
-
-
-def _pooled_result(
-    fields: dict[str, Any], config: AuditSettings, pooled: list[ScoredRun], claim: tuple[float, str], tested: TestedRuns, clock: AuditClock
-) -> AuditResult:
-    """:func:`concluded_result` of the ``pooled`` runs the look that decided ``tested`` saw."""
-    return concluded_result(
-        fields,
-        config,
-        pooled[0],
-        np.concatenate([run.scores for run in pooled]),
-        np.concatenate([run.membership for run in pooled]),
-        tested,
-        claim=claim,
-        clock=clock,
-        test_accuracy=pooled[0].test_accuracy if len(pooled) == 1 else None,
-        not_designated=next((run.not_designated for run in pooled if run.not_designated), None),
-    )
