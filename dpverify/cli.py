@@ -19,6 +19,7 @@ from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, one_run_f
 from dpverify.execution import EXECUTORS, ExecutorSpec
 from dpverify.progress import ProgressLine, StreamDisplay
 from dpverify.session import EXCLUDE
+from dpverify.workers import JOB_VARIABLE
 
 #: The target ε when neither ``--epsilon`` nor ``--set noise_multiplier=`` is given.
 DEFAULT_EPSILON = 2.0
@@ -426,9 +427,14 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
     plan, shared = _share_among_jobs(plan, args.jobs)
+    if shared:  # this process is job 0 of its environment's (dpverify.workers)
+        os.environ.setdefault(JOB_VARIABLE, "0")
     argv = forwarded_options(args)
     running = [start_delegation(delegation, argv, session=session) for delegation in delegations]
-    running += [start_delegation(delegation, [*argv, "--jobs", "1"], session=session) for delegation in shared]
+    running += [
+        start_delegation(delegation, [*argv, "--jobs", "1"], session=session, job=job)
+        for job, delegation in enumerate(shared, start=1)
+    ]
     delegations = [*delegations, *shared]
     try:
         for index, (audit, implementation, config) in enumerate(plan, start=1):

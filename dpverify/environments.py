@@ -13,6 +13,7 @@ and did not report is an ``error`` entry, never silently missing.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from dpverify.results import result_without_bound
 from dpverify.session import AuditSession
+from dpverify.workers import JOB_VARIABLE
 
 #: How the environments of this repository are made (scripts/setup.sh runs noxfile.py's sessions).
 SETUP_HINT = "make the environments with `bash scripts/setup.sh`"
@@ -133,9 +135,13 @@ class RunningDelegation:
         return Path(self.directory.name) / "progress.log"
 
 
-def start_delegation(delegation: Delegation, argv: Sequence[str], *, session: AuditSession) -> RunningDelegation:
+def start_delegation(
+    delegation: Delegation, argv: Sequence[str], *, session: AuditSession, job: int | None = None
+) -> RunningDelegation:
     """Start the delegated audits in their environment, alongside this process's own: the families share
-    the machine's cores instead of waiting for each other. Its progress goes to a log, shown when it ends."""
+    the machine's cores instead of waiting for each other. Its progress goes to a log, shown when it ends.
+    ``job``: its index among the processes of a ``--jobs`` run of this environment
+    (:data:`~dpverify.workers.JOB_VARIABLE`)."""
     environment = delegation.environment
     print(
         f"dpverify: {len(delegation.planned)} audit(s) of {', '.join(delegation.names)} run in {environment.given} "
@@ -147,7 +153,10 @@ def start_delegation(delegation: Delegation, argv: Sequence[str], *, session: Au
     command = [*delegation.names, *argv, "--planned-audits", str(session.planned_audits), "--report", str(report)]
     with open(Path(directory.name) / "progress.log", "wb") as log:
         process = subprocess.Popen(
-            [str(environment.python), "-m", "dpverify", "audit", *command], stdout=subprocess.DEVNULL, stderr=log
+            [str(environment.python), "-m", "dpverify", "audit", *command],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=None if job is None else {**os.environ, JOB_VARIABLE: str(job)},
         )
     return RunningDelegation(delegation=delegation, process=process, directory=directory)
 

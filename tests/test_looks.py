@@ -3,11 +3,16 @@ the looks' shares keep the audit's level."""
 
 import math
 
+import numpy as np
 import pytest
 
 from dpverify.audits import run_audit
+from dpverify.audits.claims import claimed_epsilon
+from dpverify.audits.training import ScoredRun
+from dpverify.audits import verdict
 from dpverify.audits.planning import final_look_confidence, pooled_looks
 from dpverify.config import profile_config
+from dpverify.contract import PrivacyClaim
 from dpverify.stats.looks import POOLED_LOOKS, look_schedule
 from tests.doubles import GaussianMechanism, Memoriser
 
@@ -51,3 +56,27 @@ def test_a_pass_is_decided_on_every_run_at_the_last_looks_share():
     assert result.confidence == config.confidence  # the audit's level; its last look tests at 98 % of it
     assert final_look_confidence(config) == pytest.approx(1 - 0.98 * (1 - config.confidence))
     assert [at for at, _ in pooled_looks(config)] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("sampling_rate", [1.0, 0.1])
+@pytest.mark.parametrize("runs", [1, 3])
+def test_an_early_looks_decision_is_the_full_verdicts(sampling_rate, runs):
+    """An early look decides with the tests alone (no search for the weakest refuted member): on scores from
+    no signal to far beyond the claim, at one run and pooled, full batch and subsampled, it says violation
+    exactly where the full tests' verdict does."""
+    config = pooled_config(sampling_rate=sampling_rate)
+    claim = PrivacyClaim(epsilon=2.0, delta=1e-5, accountant="test", noise_multiplier=1.0, sampling_rate=sampling_rate, steps=10)
+    claimed = claimed_epsilon(ScoredRun(np.zeros(1), np.ones(1), None, claim, "cpu"), config.relation)[0]
+    rng = np.random.default_rng(7)
+    decisions = []
+    for separation in (0.0, 1.5, 4.0):
+        pooled = []
+        for _ in range(runs):
+            membership = rng.choice([-1, 1], size=400)
+            scores = separation * (membership > 0) + rng.standard_normal(400)
+            pooled.append(ScoredRun(scores, membership, None, claim, "cpu"))
+        full = verdict.tested_at_look(config, pooled, claimed=claimed, confidence=0.99)
+        early = verdict.refuted_at_look(config, pooled, claimed=claimed, confidence=0.99)
+        decisions.append(early)
+        assert early == (full.verdict == "violation"), (separation, full.verdict)
+    assert decisions[0] is False and decisions[-1] is True  # both outcomes were tested

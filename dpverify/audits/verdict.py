@@ -29,7 +29,7 @@ from dpverify.config import OBSERVATIONS
 from dpverify.contract import Implementation, Request, TrainedModel
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict
 from dpverify.stats.bounds import epsilon_lower_bound
-from dpverify.stats.curves import ClaimedRun, combined_curve_test, curve_test
+from dpverify.stats.curves import ClaimedRun, combined_curve_test, combined_refutes, curve_refutes, curve_test
 from dpverify.stats.power import AuditPower, judge, measure_power, one_run_deficit
 from dpverify.stats.scoring import GuessRule, correct_counts
 
@@ -139,17 +139,37 @@ def curve_outcome(
     one run; for R pooled runs (``scores`` and ``membership`` run after run, ``run_sizes`` long), each run
     guesses on its own scores and :func:`~dpverify.stats.curves.combined_curve_test` combines them."""
     per_count = guess_rule.corrected_confidence(confidence)
+    guesses, correct = _curve_counts(outcome, scores=scores, membership=membership, run_sizes=run_sizes, guess_rule=guess_rule)
     if len(run_sizes) == 1:
-        guesses, correct = outcome.counts
         result = curve_test(run_sizes[0], guesses, correct, claim=run, delta=delta, confidence=per_count)
     else:
-        guesses = guess_rule.run_counts(run_sizes)
-        parts = np.split(np.arange(scores.shape[0]), np.cumsum(run_sizes)[:-1])
-        correct = np.array([correct_counts(scores[i], membership[i], row, sides=guess_rule.sides) for i, row in zip(parts, guesses)])
         result = combined_curve_test(run_sizes, guesses, correct, claim=run, delta=delta, confidence=per_count)
     return CurveOutcome(
         result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, len(run_sizes)
     )
+
+
+def curve_refuted(run: ClaimedRun, guesses: np.ndarray, correct: np.ndarray, *, run_sizes: tuple[int, ...], confidence: float) -> bool:
+    """:func:`curve_outcome`'s ``refuted`` from its counts (:func:`_curve_counts`) at its per-count
+    ``confidence``: the same recursion at the same level, without the search for the weakest refuted member
+    of the claim's family (a bisection over σ with a PLD curve a step at q < 1), which is most of the
+    test's cost and only a concluded audit reports."""
+    if len(run_sizes) == 1:
+        return bool(np.any(curve_refutes(run_sizes[0], guesses, correct, curve=run.curve(), confidence=confidence)))
+    return bool(np.any(combined_refutes(run_sizes, guesses, correct, curve=run.curve(), confidence=confidence)))
+
+
+def _curve_counts(
+    outcome: GuessOutcome, *, scores: np.ndarray, membership: np.ndarray, run_sizes: tuple[int, ...], guess_rule: GuessRule
+) -> tuple[np.ndarray, np.ndarray]:
+    """The curve test's ``(guesses, correct)``: ``outcome``'s counts for one run; each run's own guesses on its
+    own scores, (R, K), for R pooled runs."""
+    if len(run_sizes) == 1:
+        return outcome.counts
+    guesses = guess_rule.run_counts(run_sizes)
+    parts = np.split(np.arange(scores.shape[0]), np.cumsum(run_sizes)[:-1])
+    correct = np.array([correct_counts(scores[i], membership[i], row, sides=guess_rule.sides) for i, row in zip(parts, guesses)])
+    return guesses, correct
 
 
 def decide_verdict(
@@ -191,14 +211,8 @@ def tested_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: f
     """Both tests of the ``pooled`` runs so far at ``confidence`` (split evenly between them) and the verdict
     they give; ``claimed`` is :func:`claimed_epsilon` of the runs' claim (pooled runs make one). Both tests
     use the δ the claim holds at (design rule 8)."""
-    scores = np.concatenate([run.scores for run in pooled])
-    membership = np.concatenate([run.membership for run in pooled])
-    run_sizes = tuple(len(run.scores) for run in pooled)
-    claim = pooled[0].claim
-    delta = claim.delta
-    steinke_confidence, curve_confidence = split_confidence(confidence)
-    outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke_confidence, delta=delta)
-    run = claimed_run(claim, config.relation)
+    scores, membership, run_sizes, run, outcome = _guessed_at_look(config, pooled, confidence=confidence)
+    delta = pooled[0].claim.delta
     curve = curve_outcome(
         outcome,
         run,
@@ -206,11 +220,37 @@ def tested_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: f
         membership=membership,
         run_sizes=run_sizes,
         guess_rule=config.guess_rule,
-        confidence=curve_confidence,
+        confidence=split_confidence(confidence)[1],
         delta=delta,
     )
     verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, int(sum(run_sizes)), delta=delta, curve=curve)
     return LookOutcome(scores, membership, outcome, curve, verdict, needed, confidence, run, delta, run_sizes)
+
+
+def refuted_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: float, confidence: float) -> bool:
+    """Whether :func:`tested_at_look`'s verdict is a violation, decided by the same tests at the same levels
+    without the curve test's search for the weakest refuted member: an early look that does not stop the
+    audit needs no more (the (ε, δ) test's ε_L exceeds ``claimed`` only where it refutes ``claimed``, and
+    the curve test's ``refuted`` is :func:`curve_refuted`)."""
+    scores, membership, run_sizes, run, outcome = _guessed_at_look(config, pooled, confidence=confidence)
+    if outcome.epsilon_lower_bound > claimed:
+        return True
+    rule = config.guess_rule
+    guesses, correct = _curve_counts(outcome, scores=scores, membership=membership, run_sizes=run_sizes, guess_rule=rule)
+    return curve_refuted(run, guesses, correct, run_sizes=run_sizes, confidence=rule.corrected_confidence(split_confidence(confidence)[1]))
+
+
+def _guessed_at_look(config: AuditSettings, pooled: list[ScoredRun], *, confidence: float):
+    """The ``pooled`` runs' scores and membership end to end, their sizes, the claim's mechanism in the
+    design's relation and the (ε, δ) test's :class:`GuessOutcome` at its half of ``confidence``."""
+    scores = np.concatenate([run.scores for run in pooled])
+    membership = np.concatenate([run.membership for run in pooled])
+    run_sizes = tuple(len(run.scores) for run in pooled)
+    claim = pooled[0].claim
+    outcome = guess_and_bound(
+        scores, membership, guess_rule=config.guess_rule, confidence=split_confidence(confidence)[0], delta=claim.delta
+    )
+    return scores, membership, run_sizes, claimed_run(claim, config.relation), outcome
 
 
 def concluded_result(
@@ -399,11 +439,11 @@ def conclude_runs(
                     device=run.device,
                 )
             pooled.append(run)
-            if len(pooled) in early_looks:
-                tested = tested_at_look(config, pooled, claimed=first_claim[0], confidence=early_looks[len(pooled)])
-                if tested.verdict == "violation":
-                    getattr(scored, "close", lambda: None)()
-                    return concluded_result(fields, config, pooled, tested, claim=first_claim, clock=clock)
+            look = early_looks.get(len(pooled))
+            if look is not None and refuted_at_look(config, pooled, claimed=first_claim[0], confidence=look):
+                getattr(scored, "close", lambda: None)()
+                tested = tested_at_look(config, pooled, claimed=first_claim[0], confidence=look)
+                return concluded_result(fields, config, pooled, tested, claim=first_claim, clock=clock)
         tested = tested_at_look(config, pooled, claimed=first_claim[0], confidence=schedule[-1][1])
         return concluded_result(fields, config, pooled, tested, claim=first_claim, clock=clock)
     except AuditFailure as failure:
