@@ -154,9 +154,9 @@ def _parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=1,
-        help="audit in this many processes of each environment, >= 1: the implementations are dealt among them "
-        "and their audits run side by side (one table, one report, one level; the same results as in one "
-        "process); on a machine of n cores, n processes in all keep every core busy to the end",
+        help="audit in this many processes in all, >= 1, shared among the environments (--env) in proportion to "
+        "their audits, at least one each: each deals its implementations among its processes and their audits "
+        "run side by side (one table, one report, one level; the same results as in one process)",
     )
     audit.add_argument("--ray-address", metavar="ADDRESS", help="a running Ray cluster: auto, or ray://HOST:10001")
     audit.add_argument(
@@ -345,12 +345,13 @@ def _expectation(row: dict[str, Any]) -> str:
 
 
 #: The ``audit`` options a run in another environment (``--env``) takes from this one: everything that
-#: decides an audit. The others are this run's alone (what to audit, where the report goes, the comparison).
+#: decides an audit. The others are this run's alone (what to audit, where the report goes, the comparison;
+#: ``--jobs``, of which each environment is given its share).
 FORWARDED_OPTIONS: tuple[tuple[str, str], ...] = (
     ("imports", "--import"), ("profile", "--profile"), ("epsilon", "--epsilon"), ("design", "--design"),
     ("worlds", "--worlds"), ("every_update", "--every-update"), ("layers", "--layers"), ("m", "--m"), ("epochs", "--epochs"), ("settings", "--set"),
     ("confidence", "--confidence"), ("seed", "--seed"), ("device", "--device"), ("plots", "--plots"),
-    ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"), ("jobs", "--jobs"),
+    ("executor", "--executor"), ("workers", "--workers"), ("ray_address", "--ray-address"),
 )  # fmt: skip
 
 
@@ -367,7 +368,7 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
 
 def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import auditor_failure, run_audit
-    from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, start_delegation
+    from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, share_jobs, start_delegation
     from dpverify.gate import gate_audits
     from dpverify.contract import EXTRA_ENVIRONMENTS
     from dpverify.registry import registered_implementations
@@ -426,11 +427,15 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
-    plan, shared = _share_among_jobs(plan, args.jobs)
+    here, *elsewhere = share_jobs(args.jobs, [len(plan), *(len(delegation.planned) for delegation in delegations)])
+    plan, shared = _share_among_jobs(plan, here)
     if shared:  # this process is job 0 of its environment's (dpverify.workers)
         os.environ.setdefault(JOB_VARIABLE, "0")
     argv = forwarded_options(args)
-    running = [start_delegation(delegation, argv, session=session) for delegation in delegations]
+    running = [
+        start_delegation(delegation, [*argv, "--jobs", str(jobs)], session=session)
+        for delegation, jobs in zip(delegations, elsewhere)
+    ]
     running += [
         start_delegation(delegation, [*argv, "--jobs", "1"], session=session, job=job)
         for job, delegation in enumerate(shared, start=1)

@@ -57,6 +57,25 @@ def this_environment() -> Environment:
     return Environment(given="this environment", python=Path(sys.executable))
 
 
+def share_jobs(jobs: int, audits: Sequence[int]) -> list[int]:
+    """``jobs`` processes shared among environments in proportion to their planned ``audits`` (largest
+    remainders), each at least one: the processes of a session share the machine's cores, so an environment
+    with a fifth of the audits is given a fifth of them, and a process it would not fill only splits what a
+    process caches (a traced step, a power simulation) in two: on the 2-core CPU the main job's 93 + 20 audits
+    ran faster in 2 + 1 processes than in 2 + 2 or 3 + 3 (benchmarks/results/main-job-families.md)."""
+    total = sum(audits)
+    if total == 0 or jobs <= len(audits):
+        return [1] * len(audits)
+    quotas = [jobs * count / total for count in audits]
+    shares = [max(1, int(quota)) for quota in quotas]
+    while sum(shares) > jobs:  # the ones raised to one are paid for by the largest
+        shares[shares.index(max(shares))] -= 1
+    by_remainder = sorted(range(len(audits)), key=lambda i: (-(quotas[i] - int(quotas[i])), i))
+    for index in by_remainder[: max(0, jobs - sum(shares))]:
+        shares[index] += 1
+    return shares
+
+
 def deal(names: Sequence[str], jobs: int, *, audits: Mapping[str, int] | None = None) -> list[tuple[str, ...]]:
     """``names`` dealt into ``jobs`` hands, the empty ones dropped, each hand in the names' order. With
     ``audits`` (each name's count of planned audits) the names with the most audits go first, each to the

@@ -12,9 +12,10 @@ if [ "${1:-}" = --full ]; then selection=(--all); shift; fi
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export KERAS_BACKEND="${KERAS_BACKEND:-jax}"  # Keras 3 in .venvs/jax; .venvs/torch's Keras 2 ignores it
-# Each environment deals its implementations among two processes (--jobs 2), which run side by side with the
-# other environment's: one thread each (torch's OpenMP, XLA's Eigen pool), as the test command runs its
-# workers, or each takes every core and they oversubscribe.
+# Three processes in all (--jobs 3), shared by the environments in proportion to their audits: two for the
+# torch family's, one for the JAX family's, side by side on the cores. One thread each (torch's OpenMP; a
+# JAX worker is confined to one core, dpverify/workers.py), as the test command runs its workers, or each
+# takes every core and they oversubscribe.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1}"
-exec .venvs/torch/bin/dpverify audit "${selection[@]}" --env .venvs/jax --jobs 2 --profile quick --report dp-audit-report.json "$@"
+exec .venvs/torch/bin/dpverify audit "${selection[@]}" --env .venvs/jax --jobs 3 --profile quick --report dp-audit-report.json "$@"

@@ -142,8 +142,9 @@ def test_planned_audits_cannot_be_fewer_than_the_run_counts(capsys):
 
 
 def test_every_audit_option_is_forwarded_or_this_runs_own():
-    """A new option must be forwarded to the other environments' runs, or said to be this run's own."""
-    own = {"help", "names", "all", "report", "compare", "compare_fail", "envs", "plan", "planned_audits"}
+    """A new option must be forwarded to the other environments' runs, or said to be this run's own (--jobs:
+    each environment is given its share of the run's processes)."""
+    own = {"help", "names", "all", "report", "compare", "compare_fail", "envs", "plan", "planned_audits", "jobs"}
     audit = _parser()._subparsers._group_actions[0].choices["audit"]
     assert {action.dest for action in audit._actions} == own | {dest for dest, _ in FORWARDED_OPTIONS}
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dpverify.environments import deal
+from dpverify.environments import deal, share_jobs
 from tests.test_environments import REPO, setup  # noqa: F401  (the fixture)
 
 #: What differs between two runs of the same audits: the clock, and which process ran each.
@@ -50,7 +50,7 @@ def test_jobs_give_the_audits_of_one_process_and_each_environment_deals_its_own(
     registrations, environment = setup
     names = ("home-oblivious", "family-oblivious", "family-memoriser", "--import", registrations, "--env", environment)
     _, alone = _audit(tmp_path / "one.json", *names)
-    run, shared = _audit(tmp_path / "two.json", *names, "--jobs", "2")
+    run, shared = _audit(tmp_path / "two.json", *names, "--jobs", "3")  # 1 here, 2 for the family's 2 audits
     assert _stable(shared) == _stable(alone)
     assert shared["planned_audits"] == alone["planned_audits"] == 2 and shared["complete"]
     # The family's environment dealt its two implementations to two processes of its own Python.
@@ -65,3 +65,12 @@ def test_jobs_must_be_a_positive_integer(capsys):
     with pytest.raises(SystemExit):
         main(["audit", "reference-dpsgd", "--jobs", "0"])
     assert "--jobs must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("jobs", "audits", "shares"),
+    [(3, [93, 20], [2, 1]), (2, [93, 20], [1, 1]), (1, [5, 5], [1, 1]), (4, [93, 20], [3, 1]), (6, [10, 10, 10], [2, 2, 2]),
+     (5, [1, 0], [4, 1]), (3, [0, 0], [1, 1])],
+)  # fmt: skip
+def test_jobs_are_shared_among_the_environments_by_their_audits_at_least_one_each(jobs, audits, shares):
+    assert share_jobs(jobs, audits) == shares
