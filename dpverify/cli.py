@@ -656,13 +656,14 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
 
 
 def _refuse_undecidable(plan: list[tuple[Any, Any, Any]]) -> None:
-    """Refuse, before any training, every audit that could only end undecided
-    (:func:`dpverify.audits.undecidable`), naming the option that would make it decide."""
+    """Refuse, before any training, every audit this environment would run that could only end undecided
+    (:func:`dpverify.audits.undecidable`), naming the option that would make it decide. An implementation
+    that cannot run here is skipped or runs in another environment (``--env``), which checks it."""
     from dpverify.audits import undecidable
 
     refused = []
     for audit, implementation, config in plan:
-        refusal = undecidable(implementation, config)
+        refusal = None if implementation.unavailable_reason() else undecidable(implementation, config)
         if refusal is not None:
             spelled = "--m " if refusal.setting == "m" else f"--set {refusal.setting}="
             refused.append(f"{_audit_name(audit)}: {refusal.message(spelled=spelled)}")
