@@ -60,9 +60,10 @@ def this_environment() -> Environment:
 def share_jobs(jobs: int, audits: Sequence[int]) -> list[int]:
     """``jobs`` processes shared among environments in proportion to their planned ``audits`` (largest
     remainders), each at least one: the processes of a session share the machine's cores, so an environment
-    with a fifth of the audits is given a fifth of them, and a process it would not fill only splits what a
-    process caches (a traced step, a power simulation) in two: on the 2-core CPU the main job's 93 + 20 audits
-    ran faster in 2 + 1 processes than in 2 + 2 or 3 + 3 (benchmarks/results/main-job-families.md)."""
+    with a fifth of the audits is given a fifth of them; each more process makes again what a process caches
+    (traced steps, power simulations, accountant values). On the 2-core CPU the main job's 93 + 20 audits took
+    684 s of CPU in 3 + 3 processes against 623 s in 2 + 2, and 2 + 1 ran within the machine's variation of
+    2 + 2 (benchmarks/results/main-job-families.md)."""
     total = sum(audits)
     if total == 0 or jobs <= len(audits):
         return [1] * len(audits)

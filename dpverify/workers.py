@@ -4,7 +4,7 @@ A run in parallel processes (``dpverify audit --jobs N``, ``pytest -n N``) gives
 (``OMP_NUM_THREADS=1`` in scripts/audit.sh and scripts/test.sh): the designated models are small, and
 threads of several workers only contend for the same cores. XLA on CPU takes no such setting: it sizes its
 thread pool by the cores the process may run on and hands each op's work to it, so a JAX worker of a
-2-core CPU kept both cores busy at half the speed of one (:func:`own_core`). Only the standard library is
+2-core CPU kept both cores busy and took longer than on one (:func:`own_core`). Only the standard library is
 imported here.
 """
 
@@ -35,9 +35,10 @@ def own_core() -> int | None:
     it is a worker of a parallel run on more than one core; the core, or ``None`` when nothing changed.
 
     Call it before a library sizes its thread pool by the cores it sees (JAX: before its first op). Measured
-    on the 2-core CPU, jax-privacy-core's every-update audit alone took 51.6 s of CPU in 30.9 s unconfined
-    and 21.5 s in 21.5 s on one core (benchmarks/results/worker-cores.md): XLA's pool spent the rest
-    handing the small ops around, and beside the other workers it takes the cores they need."""
+    on the 2-core CPU, jax-privacy-core's two gate audits (one-run and every-update) took 99.9 s of CPU in
+    62.1 s unconfined and 45.5 s in 45.6 s on one core, with the same results
+    (benchmarks/results/worker-cores.md): XLA's pool spent the rest handing the small ops around, and beside
+    the other workers it takes the cores they need."""
     index = worker_index()
     if index is None or not hasattr(os, "sched_setaffinity"):
         return None
