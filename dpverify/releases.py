@@ -75,6 +75,11 @@ class Finding:
     def applies(self, version: tuple[int, ...] | None) -> bool:
         return version is not None and self.first <= version < self.fixed
 
+    def at(self, version: tuple[int, ...] | None) -> Finding | None:
+        """This finding where it holds for release ``version`` (``None``: not installed), else ``None``: what a
+        plugin makes its path a known issue for."""
+        return self if self.applies(version) else None
+
 
 def parse_version(text: str) -> tuple[int, ...]:
     """``"1.5.2"`` → ``(1, 5, 2)``, trailing zeros dropped (``"1.5.0"`` and ``"1.5"`` are one release); a

@@ -13,13 +13,12 @@ from dpverify.releases import LIBRARIES, parse_release, releases
 from dpverify_jaxprivacy._releases import missing_path as jax_missing_path
 from dpverify_opacus._releases import (
     GHOST_MAX_GRAD_NORM,
-    ghost_finding,
     installed_version,
     make_private_call,
     missing_path,
     parse_version,
 )
-from dpverify_tfprivacy._releases import DENSE_BIAS_3D, dense_finding, missing_step
+from dpverify_tfprivacy._releases import DENSE_BIAS_3D, missing_step
 from tests.test_plugin import REPO
 
 OPACUS = [release.version for release in releases() if release.library.package == "opacus"]
@@ -121,15 +120,15 @@ def test_a_jax_privacy_path_1_0_0_lacks_is_named_with_the_reason():
 
 
 def test_the_ghost_clipping_norm_finding_holds_from_1_5_0_until_its_fix_in_1_5_3():
-    holds = [v for v in OPACUS if ghost_finding(parse_version(v)) is GHOST_MAX_GRAD_NORM]
+    holds = [v for v in OPACUS if GHOST_MAX_GRAD_NORM.at(parse_version(v)) is GHOST_MAX_GRAD_NORM]
     assert holds == ["1.5", "1.5.1", "1.5.2"]
-    assert ghost_finding(None) is None
+    assert GHOST_MAX_GRAD_NORM.at(None) is None
     assert parse_version("1.5.0") == parse_version("1.5") < parse_version("1.5.3") < parse_version("1.10")
 
 
 def test_tf_privacys_dense_bias_finding_holds_on_0_8_12_and_its_variant_is_n_a_there_only():
     tf_privacy = [parse_version(r.version) for r in releases() if r.library.package == "tensorflow-privacy"]
-    assert [dense_finding(v) for v in tf_privacy] == [DENSE_BIAS_3D, None] and dense_finding(None) is None
+    assert [DENSE_BIAS_3D.at(v) for v in tf_privacy] == [DENSE_BIAS_3D, None] and DENSE_BIAS_3D.at(None) is None
     assert "first shipped in TF-Privacy 0.9.0" in missing_step(parse_version("0.8.12"), "linear_bias_norm")
     assert missing_step(parse_version("0.9.0"), "linear_bias_norm") is None
     assert missing_step(parse_version("0.8.12"), "embedding_norm") is None

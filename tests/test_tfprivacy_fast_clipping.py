@@ -144,7 +144,7 @@ def test_the_installed_dense_norm_of_a_sequence_is_exact_unless_a_finding_says_i
     own backward pass. 0.9.0 is exact; 0.8.12 states the bias part as Σ_t |g_t|² (its finding)."""
     import tensorflow as tf
 
-    from dpverify_tfprivacy._releases import dense_finding, installed_version
+    from dpverify_tfprivacy._releases import DENSE_BIAS_3D, installed_version
 
     records, positions = 3, 9
     inputs = tf.tile(tf.constant([[[0.125, 0.0]], [[0.0, 0.125]], [[0.125, 0.125]]]), [1, positions, 1])
@@ -160,4 +160,4 @@ def test_the_installed_dense_norm_of_a_sequence_is_exact_unless_a_finding_says_i
         with tf.GradientTape() as own:
             loss = tf.reduce_sum(layer(inputs[i : i + 1]) * weights)
         true.append(sum(float(tf.reduce_sum(g**2)) for g in own.gradient(loss, layer.trainable_variables)))
-    assert np.allclose(stated, true, rtol=1e-5) is (dense_finding(installed_version()) is None)
+    assert np.allclose(stated, true, rtol=1e-5) is (DENSE_BIAS_3D.at(installed_version()) is None)

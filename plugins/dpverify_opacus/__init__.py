@@ -124,10 +124,10 @@ def dataloader_implementation(
 ) -> OpacusDataLoaderImplementation:
     """``opacus-dataloader`` (``batch_size=None``, registered) or, for a user's constant B, the same
     library path named ``opacus-dataloader-b<B>`` (not registered)."""
-    from dpverify_opacus._releases import ghost_finding, installed_version
+    from dpverify_opacus._releases import GHOST_MAX_GRAD_NORM, installed_version
 
     suffix = "" if batch_size is None else f"-b{batch_size}"
-    finding = ghost_finding(installed_version()) if grad_sample_mode == "ghost" else None
+    finding = GHOST_MAX_GRAD_NORM.at(installed_version()) if grad_sample_mode == "ghost" else None
     info = _info(
         f"opacus-dataloader{suffix}",
         expected="known-issue",
@@ -217,11 +217,11 @@ def _correct(
 ) -> OpacusImplementation:
     """A correct path (a classification one also trains the layer designs); in ghost mode, a known issue on
     the releases where one holds (:mod:`._releases`)."""
-    from dpverify_opacus._releases import ghost_finding, installed_version
+    from dpverify_opacus._releases import GHOST_MAX_GRAD_NORM, installed_version
 
     if kind is OpacusImplementation:
         fields.setdefault("layers", LAYERS)
-    finding = ghost_finding(installed_version()) if mode == "ghost" else None
+    finding = GHOST_MAX_GRAD_NORM.at(installed_version()) if mode == "ghost" else None
     if finding is not None:
         fields.update(expected="known-issue", issue=finding.issue)
         notes = f"{notes}; installed release: {finding.summary}"

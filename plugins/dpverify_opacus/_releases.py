@@ -25,7 +25,6 @@ __all__ = [
     "GHOST_MAX_GRAD_NORM",
     "Finding",
     "MakePrivateCall",
-    "ghost_finding",
     "installed_version",
     "make_private_call",
     "missing_path",
@@ -91,7 +90,3 @@ def make_private_call(version: tuple[int, ...], grad_sample_mode: str) -> MakePr
         double_backward=ghost and not takes_criterion,
     )
 
-
-def ghost_finding(version: tuple[int, ...] | None) -> Finding | None:
-    """The finding that holds for release ``version``'s ghost clipping, if any."""
-    return GHOST_MAX_GRAD_NORM if GHOST_MAX_GRAD_NORM.applies(version) else None

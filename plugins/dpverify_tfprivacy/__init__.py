@@ -245,9 +245,9 @@ _FIXED_BATCH_ISSUE = (
 def _fast_clipping_info() -> ImplementationInfo:
     """``tf-privacy-fast-clipping``: a known issue on the releases whose Dense norm undercounts a sequence's
     bias (:data:`._releases.DENSE_BIAS_3D`, 0.8.12), which its linear_3d design audits."""
-    from dpverify_tfprivacy._releases import dense_finding, installed_version
+    from dpverify_tfprivacy._releases import DENSE_BIAS_3D, installed_version
 
-    finding = dense_finding(installed_version())
+    finding = DENSE_BIAS_3D.at(installed_version())
     fields = {} if finding is None else dict(expected="known-issue", issue=finding.issue)
     notes = _FAST_NOTES if finding is None else f"{_FAST_NOTES} Installed release: {finding.summary}."
     return ImplementationInfo(name="tf-privacy-fast-clipping", notes=notes, layers=_LAYERS, **fields, **_LIBRARY)

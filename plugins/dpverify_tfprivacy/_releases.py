@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dpverify.releases import Finding, installed_release
 
-__all__ = ["DENSE_BIAS_3D", "dense_finding", "installed_version", "missing_step"]
+__all__ = ["DENSE_BIAS_3D", "installed_version", "missing_step"]
 
 #: The first release whose Dense norm is the einsum formula (and has ``compute_fast_einsum_squared_gradient_norm``).
 EINSUM_NORM_FIRST = (0, 9)
@@ -43,10 +43,6 @@ def installed_version() -> tuple[int, ...] | None:
     """The installed TF-Privacy release, or ``None`` when it is not installed."""
     return installed_release("tensorflow-privacy")
 
-
-def dense_finding(version: tuple[int, ...] | None) -> Finding | None:
-    """The finding that holds for release ``version``'s fast-clipping Dense norm, if any."""
-    return DENSE_BIAS_3D if DENSE_BIAS_3D.applies(version) else None
 
 
 def missing_step(version: tuple[int, ...], step: str) -> str | None:
