@@ -19,7 +19,7 @@ from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, one_run_f
 from dpverify.execution import EXECUTORS, ExecutorSpec
 from dpverify.progress import ProgressLine, StreamDisplay
 from dpverify.session import EXCLUDE
-from dpverify.workers import JOB_VARIABLE
+from dpverify.workers import JOB_VARIABLE, confine_jax_worker
 
 #: The target ε when neither ``--epsilon`` nor ``--set noise_multiplier=`` is given.
 DEFAULT_EPSILON = 2.0
@@ -431,6 +431,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     plan, shared = _share_among_jobs(plan, here)
     if shared:  # this process is job 0 of its environment's (dpverify.workers)
         os.environ.setdefault(JOB_VARIABLE, "0")
+    confine_jax_worker(session.executor.kind)  # a --jobs worker, before its first audit starts XLA
     argv = forwarded_options(args)
     running = [
         start_delegation(delegation, [*argv, "--jobs", str(jobs)], session=session)

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import re
 
-__all__ = ["JOB_VARIABLE", "worker_index", "own_core", "own_core_where_jax"]
+__all__ = ["JOB_VARIABLE", "worker_index", "own_core", "confine_jax_worker"]
 
 #: Set to each process's index among the processes of a ``dpverify audit --jobs N`` run (0 for the one that
 #: deals the audits), as pytest-xdist sets ``PYTEST_XDIST_WORKER`` (``gw0``, ``gw1``, ...) in its workers.
@@ -50,8 +50,12 @@ def own_core() -> int | None:
     return core
 
 
-def own_core_where_jax() -> int | None:
-    """:func:`own_core` where JAX is installed (a pytest-xdist worker calls it at start, before a test module
-    can start XLA); nothing elsewhere: a torch worker's one thread needs no confining, and a confined
-    process's subprocesses (a test's inner pytest -n 2) inherit its one core."""
-    return own_core() if importlib.util.find_spec("jax") is not None else None
+def confine_jax_worker(executor: str) -> int | None:
+    """:func:`own_core` for a worker whose audits train in this process (``executor`` is the session's
+    :attr:`~dpverify.execution.ExecutorSpec.kind`: ``"inprocess"``) where JAX is installed; called at the
+    worker's start (pytest's configure, the command line's audit), before anything can start XLA. Nothing
+    elsewhere: a torch worker's one thread needs no confining, and a confined process's subprocesses (a
+    pool's or Ray's workers, a test's inner pytest -n 2) inherit its one core."""
+    if executor != "inprocess" or importlib.util.find_spec("jax") is None:
+        return None
+    return own_core()

@@ -17,7 +17,7 @@ from dpverify.pytest import options
 from dpverify.pytest.stash import PLANNED_KEY, READY_MADE_MODULE, RESULT_PROPERTY, SELECTION_KEY, SESSION_KEY, UNAVAILABLE_PROPERTY
 from dpverify.execution import ExecutorSpec
 from dpverify.session import EXCLUDE, AuditSession, outcome_as_expected
-from dpverify.workers import own_core_where_jax
+from dpverify.workers import confine_jax_worker
 
 #: The ``--dp-audit-compare`` baseline report (checked at start), and the comparison made at the end.
 BASELINE_KEY = pytest.StashKey["dict[str, Any] | None"]()
@@ -47,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     if session.enabled and getattr(config, "workerinput", None) is not None:
-        own_core_where_jax()  # before a test module starts XLA, whose thread pool sizes itself by the cores
+        confine_jax_worker(session.executor.kind)  # before a test module starts XLA, whose pool sizes itself by the cores
     config.stash[SESSION_KEY] = session
     config.stash[BASELINE_KEY] = baseline
     config.pluginmanager.register(ResultGatherer(session), "dpverify-results")

@@ -3,18 +3,14 @@
 Keras reads ``KERAS_BACKEND`` once, at its first import, and JAX-Privacy's Keras API refuses any backend but
 JAX; setting it here, before anything imports keras, makes the plugin work whatever the caller's
 environment says (a caller who already imported keras with another backend gets a clear error from
-:func:`keras_on_jax`). A worker of a parallel run gets its own core first (:func:`dpverify.workers.own_core`),
-before JAX sizes its CPU thread pool.
+:func:`keras_on_jax`).
 """
 
 from __future__ import annotations
 
 import os
 
-from dpverify.workers import own_core
-
 os.environ.setdefault("KERAS_BACKEND", "jax")
-own_core()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
