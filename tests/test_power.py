@@ -13,7 +13,15 @@ from dpverify.audits import run_audit
 from dpverify.config import profile_config
 from dpverify.stats.bounds import _gdp_epsilon
 from dpverify.stats.curves import ClaimedRun
-from dpverify.stats.power import LARGEST_DEFICIT, audit_refutes, gdp_mu, measure_power, one_run_deficit, separation
+from dpverify.stats.power import (
+    LARGEST_DEFICIT,
+    audit_refutes,
+    gdp_mu,
+    measure_power,
+    one_run_catches,
+    one_run_deficit,
+    separation,
+)
 from dpverify.stats.scoring import GuessRule
 from dpverify.contract import ImplementationInfo
 from tests.doubles import GaussianMechanism, NumpyDPSGD, Oblivious, dirac_scores
@@ -137,6 +145,26 @@ def test_fewer_canaries_or_less_signal_need_a_larger_deficit():
 
     assert deficit(4000, 1.0) < deficit(1000, 1.0) < deficit(1000, 0.5)
     assert deficit(1000, 0.0) == math.inf
+
+
+def test_a_design_without_a_stated_k_star_asks_only_whether_the_largest_deficit_is_caught():
+    """Where k* is not stated, one simulated separation answers what the search would: a 10× deficit is caught
+    exactly where k* is finite (fractions away from the search's 3 % tolerance at the boundary)."""
+    run, m = _full_batch(2.0), 1000
+    settings = dict(run_sizes=(m,), guess_rule=RULE, claimed_epsilon=2.0, delta=1e-5, confidences=CONFIDENCES)
+    at_the_boundary = 1 / one_run_deficit(run, fraction=1.0, **settings) * 1 / LARGEST_DEFICIT  # k*(ρ) = 10 there
+    for fraction in (0.0, 0.5 * at_the_boundary, 2 * at_the_boundary, 1.0):
+        finite = math.isfinite(one_run_deficit(run, fraction=fraction, **settings))
+        assert one_run_catches(run, fraction=fraction, **settings) == finite, fraction
+    bits = np.random.default_rng(1).choice(np.array([-1, 1]), size=m)
+    scores = dirac_scores(np.random.default_rng(2), bits, run=run, noise=run.noise_multiplier)
+    catches = dict(catches_largest=lambda fraction: one_run_catches(run, fraction=fraction, **settings))
+    sighted = measure_power(run, scores, bits, **catches)
+    assert sighted.smallest_deficit is None and sighted.blind is None and sighted.to_dict()["deficit_stated"] is False
+    blind = measure_power(run, np.random.default_rng(3).standard_normal(m), bits, **catches)  # no signal at all
+    assert blind.smallest_deficit == math.inf and "could not have caught" in blind.blind
+    with pytest.raises(ValueError, match="smallest_deficit .* or catches_largest"):
+        measure_power(run, scores, bits)
 
 
 def test_a_correct_mechanism_passes_and_says_what_it_would_catch():

@@ -30,7 +30,7 @@ from dpverify.contract import Implementation, Request, TrainedModel
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict
 from dpverify.stats.bounds import epsilon_lower_bound
 from dpverify.stats.curves import ClaimedRun, combined_curve_test, combined_refutes, curve_refutes, curve_test
-from dpverify.stats.power import AuditPower, judge, measure_power, one_run_deficit
+from dpverify.stats.power import AuditPower, judge, measure_power, one_run_catches, one_run_deficit
 from dpverify.stats.scoring import GuessRule, correct_counts
 
 
@@ -278,24 +278,28 @@ def concluded_result(
     # An every-update score is a likelihood ratio over the steps, not the participation sum k*'s model
     # simulates: its power is not stated rather than predicted from the wrong distribution.
     every_update = getattr(config, "observe", "final_model") == "every_update"
+    simulated = dict(
+        run_sizes=tested.run_sizes,
+        guess_rule=config.guess_rule,
+        claimed_epsilon=claimed,
+        delta=delta,
+        confidences=split_confidence(tested.confidence),
+    )
+    # k* where its model is validated; elsewhere only whether a LARGEST_DEFICIT-fold deficit is caught.
+    deficit = (
+        {"smallest_deficit": lambda fraction: one_run_deficit(tested.run, fraction=fraction, **simulated)}
+        if deficit_modelled(config)
+        else {"catches_largest": lambda fraction: one_run_catches(tested.run, fraction=fraction, **simulated)}
+    )
     verdict, power = power_beside_verdict(
         verdict,
         lambda: None if every_update else measure_power(
             tested.run,
             scores,
             membership,
-            smallest_deficit=lambda fraction: one_run_deficit(
-                tested.run,
-                fraction=fraction,
-                run_sizes=tested.run_sizes,
-                guess_rule=config.guess_rule,
-                claimed_epsilon=claimed,
-                delta=delta,
-                confidences=split_confidence(tested.confidence),
-            ),
+            **deficit,
             expected_signal=expected_signal(config),
             not_designated=not_designated,
-            deficit_stated=deficit_modelled(config),
         ),
         failures,
     )

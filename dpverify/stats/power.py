@@ -31,7 +31,7 @@ through x, so this runs once per configuration (about a second for the quick pro
 Two-world audits (:func:`two_world_deficit`) simulate their runs' scores the same way and run their own test.
 The callers state k* only where this model has been checked against real noise deficits
 (benchmarks/results/kstar-validation.md: reference-dpsgd and opacus-ghost, q = 1 and q < 1); elsewhere it
-is ``None``, "not stated". benchmarks/results/power-check.md checks it against scores drawn from DP-SGD on
+is ``None``, "not stated", and one simulated separation (:func:`one_run_catches`) says whether it is ∞. benchmarks/results/power-check.md checks it against scores drawn from DP-SGD on
 Dirac canaries rather than from the model.
 """
 
@@ -58,6 +58,7 @@ __all__ = [
     "gdp_mu",
     "judge",
     "measure_power",
+    "one_run_catches",
     "one_run_deficit",
     "refuted_separation",
     "separation",
@@ -141,8 +142,8 @@ class AuditPower:
     blind: str | None = None
 
     def to_dict(self) -> dict[str, float | str | None]:
-        """JSON-ready: a non-finite number is ``None`` (k* = ∞ reads "none up to LARGEST_DEFICIT" unless
-        ``deficit_stated`` is false)."""
+        """JSON-ready: a non-finite number is ``None`` (k* = ∞ reads "none up to LARGEST_DEFICIT"; a k* not
+        stated is ``deficit_stated`` false)."""
 
         def number(value: float | None) -> float | None:
             return round(float(value), 4) if value is not None and math.isfinite(value) else None
@@ -227,15 +228,31 @@ def one_run_deficit(
     simulation is run once per configuration."""
     if not fraction > 0 or run.noise_multiplier == 0:
         return math.inf
-    needed = refuted_separation(
-        run,
-        run_sizes=tuple(int(m) for m in run_sizes),
-        guess_rule=guess_rule,
-        claimed_epsilon=float(claimed_epsilon),
-        delta=float(delta),
-        confidences=tuple(float(c) for c in confidences),
-    )
+    setting = _setting(run_sizes, guess_rule, claimed_epsilon, delta, confidences)
+    needed = refuted_separation(run, **dict(zip(_SETTING, setting)))
     return _deficit(needed / (fraction * gdp_mu(run)))
+
+
+def one_run_catches(run: ClaimedRun, *, fraction: float, **setting) -> bool:
+    """Whether the one-run audit of :func:`one_run_deficit` (the same keyword arguments) refutes a
+    :data:`LARGEST_DEFICIT`-fold noise deficit where its canaries carry ``fraction`` of the claimed signal:
+    its simulated audits at the one separation LARGEST_DEFICIT·ρ·μ (detection rises with it), where
+    :func:`one_run_deficit` searches for the least. This is all a design whose k* is not stated needs (is a
+    pass blind? is its k* ∞?), at an eighth of the search's cost."""
+    separation = LARGEST_DEFICIT * fraction * gdp_mu(run) if fraction > 0 and run.noise_multiplier > 0 else 0.0
+    if not separation >= _SMALLEST_SEPARATION:  # where one_run_deficit's search starts: none is caught below
+        return False
+    detection = _simulation(run, *_setting(**setting))
+    return detection.refuted(min(separation, _LARGEST_SEPARATION)) >= detection.needed
+
+
+#: What a simulated one-run audit depends on beside the claimed run, in :func:`_setting`'s order.
+_SETTING = ("run_sizes", "guess_rule", "claimed_epsilon", "delta", "confidences")
+
+
+def _setting(run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> tuple:
+    """The simulation's setting as plain, hashable values (its caches' key)."""
+    return tuple(int(m) for m in run_sizes), guess_rule, float(claimed_epsilon), float(delta), tuple(float(c) for c in confidences)
 
 
 @functools.lru_cache(maxsize=256)
@@ -252,12 +269,19 @@ def refuted_separation(
     audit's own decision refutes :data:`POWER` of its simulated audits, counted as :func:`_needed` says; ∞
     beyond :data:`_LARGEST_SEPARATION`. Cached per configuration: one costs 2-3 s of CPU at the quick
     profile's 4 × 2500 canaries, about 45 s at the standard profile's 100 × 2500."""
-    detection = _OneRunSimulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences)
+    detection = _simulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences)
 
     def refuted(x: float) -> bool:
         return detection.refuted(x) >= detection.needed
 
     return _smallest(refuted, _SMALLEST_SEPARATION, _LARGEST_SEPARATION, start=min(gdp_mu(run), _LARGEST_SEPARATION))
+
+
+@functools.lru_cache(maxsize=2)
+def _simulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> "_OneRunSimulation":
+    """The simulated audits of one configuration, kept for the configuration's next audit (the few latest:
+    each holds its draws, about 10 MB at the quick profile's 4 × 2500 canaries)."""
+    return _OneRunSimulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences)
 
 
 class _OneRunSimulation:
@@ -365,11 +389,11 @@ def measure_power(
     scores,
     membership,
     *,
-    smallest_deficit: Callable[[float], float],
+    smallest_deficit: Callable[[float], float] | None = None,
+    catches_largest: Callable[[float], bool] | None = None,
     expected_signal: float | None = None,
     either_direction: bool = False,
     not_designated: str | None = None,
-    deficit_stated: bool = True,
 ) -> AuditPower:
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
     :func:`separation`; k* at ρ's lower limit, ``smallest_deficit(ρ)``·ρ/ρ_low (detection depends on k only
@@ -381,15 +405,23 @@ def measure_power(
     a k* is a promise, blindness a finding). ``either_direction``: the test reads the
     scores either way up (a two-world threshold picks its direction), so ρ is the separation's size.
     ``not_designated``: the black box showed it is not the designated model (why), which blinds the audit
-    whatever ρ. ``deficit_stated`` false: the design's scores under a deficit are not those of the model,
-    so a finite k* is not stated (``None``); one that sees no deficit at all still blinds the pass."""
+    whatever ρ. Give ``catches_largest(ρ)`` (is a :data:`LARGEST_DEFICIT`-fold deficit caught at signal
+    fraction ρ?) instead of ``smallest_deficit`` where the design's scores under a deficit are not those of
+    the model: a finite k* is then not stated (``None``), and that check alone says whether k* is ∞ (at ρ's
+    lower limit) and whether the pass is blind (at ρ)."""
+    if (smallest_deficit is None) == (catches_largest is None):
+        raise ValueError("give smallest_deficit (k* stated) or catches_largest (not stated), not both or neither")
     mu = gdp_mu(run)
     measured = separation(scores, membership)
     if either_direction and measured.mu < 0:
         measured = Separation(-measured.mu, -measured.high, -measured.low)
     fraction, low, high = (value / mu if mu > 0 else math.nan for value in (measured.mu, measured.low, measured.high))
-    deficit = smallest_deficit(fraction) if math.isfinite(fraction) else math.inf
-    promised = _deficit(deficit * fraction / low) if low > 0 and math.isfinite(deficit) else math.inf
+    if smallest_deficit is not None:
+        deficit = smallest_deficit(fraction) if math.isfinite(fraction) else math.inf
+        promised = _deficit(deficit * fraction / low) if low > 0 and math.isfinite(deficit) else math.inf
+    else:
+        deficit = math.inf if not (math.isfinite(fraction) and catches_largest(fraction)) else None
+        promised = math.inf if deficit is not None or not (low > 0 and catches_largest(low)) else None
     carried = f"its canaries carried {fraction:.0%} of the claimed signal (95% interval {low:.0%} to {high:.0%})"
     if not_designated:
         blind = f"{not_designated} ({carried})"
@@ -401,7 +433,7 @@ def measure_power(
             "the model is likely not the designated one (a zero-initialised softmax regression when "
             "hidden_width = 0), or training ignored the canaries"
         )
-    elif math.isinf(deficit):
+    elif deficit is not None and math.isinf(deficit):
         blind = f"it could not have caught even a {LARGEST_DEFICIT:g}× noise deficit: {carried}"
     else:
         blind = None
@@ -411,7 +443,7 @@ def measure_power(
         signal_fraction=fraction,
         signal_low=low,
         signal_high=high,
-        smallest_deficit=promised if deficit_stated or math.isinf(promised) else None,
+        smallest_deficit=promised,
         blind=blind,
     )
 
