@@ -26,7 +26,7 @@ step() {
 audit=(python3 -m dpverify audit --seed 0 --device cuda)
 one_run=(--worlds none --every-update off --layers none)
 # The gpu profile: 250 000 Dirac canaries in 25 runs of 10 000; correct paths, then a D1, a D2 and a D3 variant.
-step 150 gpu-profile "${audit[@]}" reference-dpsgd opacus-ghost opacus-hooks opacus-no-noise opacus-batch-clipping \
+step 210 gpu-profile "${audit[@]}" reference-dpsgd opacus-ghost opacus-hooks opacus-no-noise opacus-batch-clipping \
   opacus-accountant-steps --profile gpu "${one_run[@]}"
 # The quick profile's every-update audits and layer designs on CUDA (the one-run audit beside them), with a
 # variant that breaks one layer type's norm formula.
