@@ -1,7 +1,8 @@
 """How fast this machine is right now, for reading a timing beside another one.
 
-The shared 2-core CPU's speed drifts: the same code's main job took 6 min 17 s and then 6 min 57 s half an
-hour apart (2026-11-27, benchmarks/results/main-job-families.md). Run this before and after a timing and state
+The shared 2-core CPU's speed drifts: the same code's main job took 7 min 9 s and then 5 min 46 s half an hour
+apart, while this took 24.6-26.8 and then 23.2-20.9 CPU seconds (2026-11-27,
+benchmarks/results/main-job-families.md). Run this before and after a timing and state
 its seconds with it: one fixed, single-threaded computation of dpverify's own (the k* simulation of the gpu
 profile's 25 runs of 10 000 canaries, numpy sorting and the curve test's recursion), whose CPU seconds scale
 as the audits' do. Its result must be the same on every run; it prints the CPU seconds.
@@ -32,7 +33,7 @@ def main() -> None:
     seconds = time.process_time() - started
     if found != EXPECTED:
         raise SystemExit(f"the computation changed (separation {found!r}, expected {EXPECTED!r}): not a speed probe any more")
-    print(f"{seconds:.1f} CPU seconds (24.9 at 2026-11-27 21:43 UTC, 29.3 at 22:35 on the 2-core CPU)")
+    print(f"{seconds:.1f} CPU seconds (20.5-29.8 on the 2-core CPU on 2026-11-27)")
 
 
 if __name__ == "__main__":
