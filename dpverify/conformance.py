@@ -406,8 +406,9 @@ def affinity_defect(log_proba: Callable[[np.ndarray], np.ndarray], request: Trai
     designated one makes a Dirac audit blind."""
     rng = np.random.default_rng(2024)
     x, y = rng.standard_normal((2, PROBE_PAIRS, request.dimension))
-    x *= _typical_norm(request) / np.linalg.norm(x, axis=-1, keepdims=True)
-    y *= _typical_norm(request) / np.linalg.norm(y, axis=-1, keepdims=True)
+    scale = _typical_norm(request)  # once: a pass over every record (0.7 s on the 2-core CPU at the gpu profile)
+    x *= scale / np.linalg.norm(x, axis=-1, keepdims=True)
+    y *= scale / np.linalg.norm(y, axis=-1, keepdims=True)
     x, y = x.astype(np.float32), y.astype(np.float32)
     probes = np.concatenate([np.zeros((1, request.dimension), np.float32), x, y, x + y])
     out = np.asarray(log_proba(probes)).astype(np.float64)
