@@ -31,8 +31,9 @@ through x, so this runs once per configuration (about a second for the quick pro
 Two-world audits (:func:`two_world_deficit`) simulate their runs' scores the same way and run their own test.
 The callers state k* only where this model has been checked against real noise deficits
 (benchmarks/results/kstar-validation.md: reference-dpsgd and opacus-ghost, q = 1 and q < 1); elsewhere it
-is ``None``, "not stated", and one simulated separation (:func:`one_run_catches`) says whether it is ∞. benchmarks/results/power-check.md checks it against scores drawn from DP-SGD on
-Dirac canaries rather than from the model.
+is ``None``, "not stated", and one simulated separation (:func:`one_run_catches`) says whether it is ∞.
+benchmarks/results/power-check.md checks it against scores drawn from DP-SGD on Dirac canaries rather than from
+the model.
 """
 
 from __future__ import annotations
@@ -252,7 +253,8 @@ _SETTING = ("run_sizes", "guess_rule", "claimed_epsilon", "delta", "confidences"
 
 def _setting(run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> tuple:
     """The simulation's setting as plain, hashable values (its caches' key)."""
-    return tuple(int(m) for m in run_sizes), guess_rule, float(claimed_epsilon), float(delta), tuple(float(c) for c in confidences)
+    sizes, levels = tuple(int(m) for m in run_sizes), tuple(float(c) for c in confidences)
+    return sizes, guess_rule, float(claimed_epsilon), float(delta), levels
 
 
 @functools.lru_cache(maxsize=256)
