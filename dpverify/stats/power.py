@@ -229,8 +229,10 @@ def one_run_deficit(
     simulation is run once per configuration."""
     if not fraction > 0 or run.noise_multiplier == 0:
         return math.inf
-    setting = _setting(run_sizes, guess_rule, claimed_epsilon, delta, confidences)
-    needed = refuted_separation(run, **dict(zip(_SETTING, setting)))
+    setting = _setting(
+        run_sizes=run_sizes, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+    )
+    needed = refuted_separation(run, **setting)
     return _deficit(needed / (fraction * gdp_mu(run)))
 
 
@@ -243,18 +245,20 @@ def one_run_catches(run: ClaimedRun, *, fraction: float, **setting) -> bool:
     separation = LARGEST_DEFICIT * fraction * gdp_mu(run) if fraction > 0 and run.noise_multiplier > 0 else 0.0
     if not separation >= _SMALLEST_SEPARATION:  # where one_run_deficit's search starts: none is caught below
         return False
-    detection = _simulation(run, *_setting(**setting))
+    detection = _simulation(run, **_setting(**setting))
     return detection.refuted(min(separation, _LARGEST_SEPARATION)) >= detection.needed
 
 
-#: What a simulated one-run audit depends on beside the claimed run, in :func:`_setting`'s order.
-_SETTING = ("run_sizes", "guess_rule", "claimed_epsilon", "delta", "confidences")
-
-
-def _setting(run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> tuple:
-    """The simulation's setting as plain, hashable values (its caches' key)."""
-    sizes, levels = tuple(int(m) for m in run_sizes), tuple(float(c) for c in confidences)
-    return sizes, guess_rule, float(claimed_epsilon), float(delta), levels
+def _setting(*, run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> dict:
+    """What a simulated one-run audit depends on beside the claimed run, as plain, hashable values (the
+    caches' key), by keyword."""
+    return dict(
+        run_sizes=tuple(int(m) for m in run_sizes),
+        guess_rule=guess_rule,
+        claimed_epsilon=float(claimed_epsilon),
+        delta=float(delta),
+        confidences=tuple(float(c) for c in confidences),
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -271,7 +275,9 @@ def refuted_separation(
     audit's own decision refutes :data:`POWER` of its simulated audits, counted as :func:`_needed` says; ∞
     beyond :data:`_LARGEST_SEPARATION`. Cached per configuration: one costs 2-3 s of CPU at the quick
     profile's 4 × 2500 canaries, about 45 s at the standard profile's 100 × 2500."""
-    detection = _simulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences)
+    detection = _simulation(
+        run, run_sizes=run_sizes, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+    )
 
     def refuted(x: float) -> bool:
         return detection.refuted(x) >= detection.needed
@@ -280,7 +286,7 @@ def refuted_separation(
 
 
 @functools.lru_cache(maxsize=2)
-def _simulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> "_OneRunSimulation":
+def _simulation(run, *, run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> "_OneRunSimulation":
     """The simulated audits of one configuration, kept for the configuration's next audit (the few latest:
     each holds its draws, about 10 MB at the quick profile's 4 × 2500 canaries)."""
     return _OneRunSimulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences)
