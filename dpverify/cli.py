@@ -288,12 +288,17 @@ def _bound(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from dpverify.gate import applicable_worlds
+    from dpverify.gate import gate_audits
     from dpverify.registry import registered_implementations
 
     _import_all(args.imports)
+    implementations = registered_implementations()
+    worlds: dict[str, list[str]] = {}  # what the default gate of them all runs (a sampler's world once)
+    for audit in gate_audits([implementation.info for implementation in implementations]):
+        if audit.world is not None:
+            worlds.setdefault(audit.implementation_name, []).append(audit.world)
     rows = []
-    for implementation in registered_implementations():
+    for implementation in implementations:
         info = implementation.info
         reason = implementation.unavailable_reason()
         rows.append(
@@ -308,7 +313,8 @@ def _list(args: argparse.Namespace) -> int:
                 "detectability": info.detectability,
                 "breaks": info.breaks,
                 "issue": info.issue,
-                "two_world_worlds": list(applicable_worlds(info)),
+                "two_world_worlds": worlds.get(info.name, []),
+                "sampler": info.sampler,
                 "layers": list(info.layers),
             }
         )

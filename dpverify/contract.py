@@ -474,6 +474,9 @@ class ImplementationInfo:
     datasets of different sizes, do not apply to it. ``layers`` names the layer designs
     (:data:`LAYERS`, a :class:`LayerArchitecture` each) it trains, so that the default gate audits them too;
     a buggy variant with ``layers`` breaks those layers' norm formula, and only their designs audit it.
+    ``sampler`` names the code that draws its batches (``"opacus.DPDataLoader"``): the fixed-batch world
+    asks only whether that code samples as the claim's accountant assumes, so the default gate runs it on
+    the first implementation of each named sampler in a session and not again on the others.
     """
 
     name: str
@@ -490,6 +493,7 @@ class ImplementationInfo:
     microbatches: bool = False
     designated_normaliser: bool = True
     layers: tuple[str, ...] = ()
+    sampler: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dpverify.canaries.worlds import BATCH_SIZE_NORMALISED, WORLD_BUGS, WORLD_KINDS
 from dpverify.contract import ImplementationInfo
 
-__all__ = ["EVERY_UPDATE_BUGS", "FULL_BATCH_BLIND", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
+__all__ = ["EVERY_UPDATE_BUGS", "FULL_BATCH_BLIND", "GateAudit", "SAMPLER_WORLD", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
 
 #: The bugs.md rows whose buggy variants get the every-update audit: the accountant fed the wrong numbers
 #: (too few steps, too small q), which at q < 1 only the claim's own subsampled curve shows.
@@ -27,6 +27,10 @@ EVERY_UPDATE_BUGS: tuple[int, ...] = (8,)
 #: the implementation's one-run audit there would repeat its Poisson twin's; the gate gives it the
 #: fixed-batch world instead (when that world runs).
 FULL_BATCH_BLIND: dict[int, str] = {9: "fixed_batch"}
+
+#: The world whose question is the sampler's alone (are the batches what the accountant assumes?): with
+#: the applicable worlds it runs once per :attr:`~dpverify.contract.ImplementationInfo.sampler`.
+SAMPLER_WORLD = "fixed_batch"
 
 #: ``--dp-audit-worlds`` / ``--worlds`` words besides world names: every world that applies, or none.
 WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
@@ -111,7 +115,7 @@ def gate_audits(
     """The gate's audits of ``infos``, each one-run audit followed by its every-update audit (where
     ``every_update`` and :func:`every_update_applies`), its two-world audits and its layer designs' audits
     (:attr:`~dpverify.contract.ImplementationInfo.layers`): ``worlds`` is ``"applicable"`` (every world that
-    applies), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves the layer designs
+    applies, :data:`SAMPLER_WORLD` once per named sampler), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves the layer designs
     out (a run that asks for one design). A buggy variant that breaks a layer's norm formula gets its layers'
     audits only: the other designs cannot see it. ``full_batch``: the one-run audits train at q = 1 (every
     profile but ``paper``), where an implementation of a :data:`FULL_BATCH_BLIND` row gets its world instead."""
@@ -122,6 +126,7 @@ def gate_audits(
         if unknown:
             raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(WORLD_KINDS)}")
     audits = []
+    sampled_by = _sampler_world_takers(infos)
     for info in infos:
         own_layers = [GateAudit(info.name, info.expected, layer=layer) for layer in info.layers]
         if info.layers and info.expected == "violation":
@@ -130,6 +135,8 @@ def gate_audits(
         chosen = () if worlds == "none" else applicable_worlds(info)
         if not isinstance(worlds, str):
             chosen = tuple(world for world in chosen if world in worlds)
+        elif sampled_by.get(info.sampler, info) is not info and info.bug not in WORLD_BUGS[SAMPLER_WORLD]:
+            chosen = tuple(world for world in chosen if world != SAMPLER_WORLD)
         if not (full_batch and FULL_BATCH_BLIND.get(info.bug) in chosen):
             audits.append(GateAudit(info.name, info.expected))
         if every_update and every_update_applies(info):
@@ -137,3 +144,15 @@ def gate_audits(
         audits.extend(GateAudit(info.name, info.expected, world) for world in chosen)
         audits.extend(own_layers if layers else [])
     return audits
+
+
+def _sampler_world_takers(infos: list[ImplementationInfo]) -> dict[str, ImplementationInfo]:
+    """For each named sampler, the implementation that takes :data:`SAMPLER_WORLD` for all of them: the first
+    one expected private, else the first known issue, among those the world applies to for no row of its own
+    (a variant or known issue of the world's row keeps it: that is its finding)."""
+    takers: dict[str, ImplementationInfo] = {}
+    for info in sorted(infos, key=lambda info: info.expected != "private"):
+        if info.sampler is not None and info.bug not in WORLD_BUGS[SAMPLER_WORLD]:
+            if SAMPLER_WORLD in applicable_worlds(info):
+                takers.setdefault(info.sampler, info)
+    return takers

@@ -273,6 +273,10 @@ def test_worlds_names_the_two_world_audits_and_a_bad_one_is_a_usage_error(capsys
     assert main(["list", "--json"]) == 0
     listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert listed["reference-dpsgd"]["two_world_worlds"] == ["dataset_size", "fixed_batch", "realised_batch", "worst_case_record"]
+    # the default gate of them all runs a sampler's world once: on the first Opacus path expected private
+    assert listed["opacus-hooks"]["sampler"] == listed["opacus-ghost"]["sampler"] == "opacus.DPDataLoader"
+    assert "fixed_batch" in listed["opacus-ghost"]["two_world_worlds"]
+    assert "fixed_batch" not in listed["opacus-hooks"]["two_world_worlds"]
     assert listed["opacus-dataloader"]["issue"] == "https://github.com/pytorch/opacus/issues/571"
 
 

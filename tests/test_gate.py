@@ -80,6 +80,27 @@ def test_shuffled_fixed_batches_get_their_world_instead_of_a_full_batch_one_run_
     assert not one_run_full_batch("paper", {}) and not one_run_full_batch("quick", {"sampling_rate": 0.5})
 
 
+def test_the_fixed_batch_world_runs_once_per_sampler_on_its_first_private_user():
+    """The world asks only whether the sampler draws what the accountant assumes: implementations that
+    name the same sampler share one run of it, taken by the first expected private; a variant or known
+    issue of the world's own row keeps it, and named worlds run as named."""
+    def sampled(name, **fields):
+        return ImplementationInfo(name=name, library="numpy", sampler="loader", **fields)
+
+    known = sampled("a-known", expected="known-issue", issue="https://example.org/1")
+    row_9 = sampled("a-row-9", expected="known-issue", issue="https://example.org/9", bug=9)
+    infos = [known, row_9, sampled("b-private"), sampled("c-private"), PRIVATE]
+    fixed = [a.test_name for a in gate_audits(infos, every_update=False) if a.world == "fixed_batch"]
+    assert fixed == ["two-world[a-row-9-fixed_batch]", "two-world[b-private-fixed_batch]", "two-world[mine-fixed_batch]"]
+    others = [a for a in gate_audits(infos, every_update=False) if a.world not in (None, "fixed_batch")]
+    assert len(others) == 3 * 4  # every other world still runs on each
+    assert [a.test_name for a in gate_audits([known], worlds=("fixed_batch",))] == [
+        "dp-audit[a-known]", "two-world[a-known-fixed_batch]"
+    ]  # fmt: skip
+    named = gate_audits(infos, worlds=("fixed_batch",), every_update=False)
+    assert len([a for a in named if a.world == "fixed_batch"]) == 5
+
+
 def test_every_classifier_expected_private_gets_the_every_update_audit_and_variants_and_known_issues_of_row_8():
     assert every_update_applies(PRIVATE) and not every_update_applies(KNOWN)  # KNOWN names no bugs.md row
     row_8 = ImplementationInfo(name="k8", library="numpy", expected="known-issue", issue="https://example.org/8", bug=8)

@@ -55,6 +55,8 @@ OPACUS_571 = "https://github.com/pytorch/opacus/issues/571"
 #: Where Opacus documents ``poisson_sampling=False``: it "doesn't fit the assumptions made by privacy
 #: accounting mechanism, but it can be a good approximation when using Poisson sampling is unfeasible".
 OPACUS_POISSON_SAMPLING_DOC = "https://github.com/pytorch/opacus/blob/v1.6.0/opacus/privacy_engine.py#L367-L371"
+#: What draws the batches of every Poisson path here (:attr:`dpverify.contract.ImplementationInfo.sampler`).
+POISSON_SAMPLER = "opacus.DPDataLoader"
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch's first allocation; see the module docstring
 
@@ -132,6 +134,7 @@ def dataloader_implementation(
         f"opacus-dataloader{suffix}",
         expected="known-issue",
         issue=OPACUS_571,
+        sampler=POISSON_SAMPLER,  # make_private swaps the user's loader for it
         notes="PrivacyEngine.make_private on DataLoader(dataset, batch_size=B) as in Opacus' tutorials: q = "
         "1/len(loader), expected_batch_size = int(N·q) (Opacus #571: both read the private dataset size); "
         "a two-world audit of 2 vs 3 records refutes Opacus' claim (benchmarks/results/two-world-finding.md)"
@@ -221,6 +224,7 @@ def _correct(
 
     if kind is OpacusImplementation:
         fields.setdefault("layers", LAYERS)
+        fields.setdefault("sampler", POISSON_SAMPLER)
     finding = GHOST_MAX_GRAD_NORM.at(installed_version()) if mode == "ghost" else None
     if finding is not None:
         fields.update(expected="known-issue", issue=finding.issue)

@@ -237,6 +237,10 @@ _FIXED_BATCH_NOTES = (
     "order per epoch, what a full shuffle buffer draws) so that the seed alone decides them."
 )
 
+#: What draws both correct paths' batches (:attr:`dpverify.contract.ImplementationInfo.sampler`): the input
+#: pipeline's Poisson sampling (:func:`._sampling.poisson_batches`).
+POISSON_SAMPLER = "dpverify_tfprivacy.poisson_batches"
+
 _FIXED_BATCH_ISSUE = (
     "https://github.com/tensorflow/privacy/blob/master/tensorflow_privacy/privacy/analysis/compute_dp_sgd_privacy_lib.py"
 )
@@ -250,13 +254,15 @@ def _fast_clipping_info() -> ImplementationInfo:
     finding = DENSE_BIAS_3D.at(installed_version())
     fields = {} if finding is None else dict(expected="known-issue", issue=finding.issue)
     notes = _FAST_NOTES if finding is None else f"{_FAST_NOTES} Installed release: {finding.summary}."
-    return ImplementationInfo(name="tf-privacy-fast-clipping", notes=notes, layers=_LAYERS, **fields, **_LIBRARY)
+    return ImplementationInfo(
+        name="tf-privacy-fast-clipping", notes=notes, layers=_LAYERS, sampler=POISSON_SAMPLER, **fields, **_LIBRARY
+    )
 
 
 def implementations() -> list[Implementation]:
     """The entry point ``dpverify_tfprivacy:implementations``; imports no tensorflow."""
     return [
-        TFPrivacyKeras(ImplementationInfo(name="tf-privacy-keras", notes=_NOTES, **_LIBRARY), "correct"),
+        TFPrivacyKeras(ImplementationInfo(name="tf-privacy-keras", notes=_NOTES, sampler=POISSON_SAMPLER, **_LIBRARY), "correct"),
         TFPrivacyKeras(_fast_clipping_info(), "correct", path="fast_clipping"),
     ] + [_variant(*row) for row in _VARIANTS] + [_layer_variant(*row) for row in _LAYER_VARIANTS] + [
         TFPrivacyKeras(
