@@ -5,9 +5,12 @@
 # Left out unless --full comes first: the JAX-Privacy Keras path's four variants (jax-privacy-keras-no*), the
 # same buggy steps as the core path's variants, which the main job audits, run through Keras' fit instead
 # (tests/test_jax_privacy.py checks that fit takes them); each Keras audit traces a train step per pooled run,
-# so the four cost about 125 CPU-s. Extra arguments go to `dpverify audit`.
+# so the four cost about 125 CPU-s. Also left out: opacus-lm-hooks-clip-2c, opacus-lm-clip-2c's bug in
+# hooks mode (tests/test_language_opacus.py checks its step), and the D4 opacus-lm-unclipped-embedding,
+# which the language design cannot see: 29 and 35 s of the main job's audits. Extra arguments go to
+# `dpverify audit`.
 set -euo pipefail
-selection=(--all '!jax-privacy-keras-no*')
+selection=(--all '!jax-privacy-keras-no*' '!opacus-lm-hooks-clip-2c' '!opacus-lm-unclipped-embedding')
 if [ "${1:-}" = --full ]; then selection=(--all); shift; fi
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
