@@ -33,7 +33,7 @@ def cell(audit: dict, issues: dict[str, str]) -> str:
     text = f"{audit['verdict']} {outcome_mark(audit)}".rstrip()
     claimed = "∞" if "claimed_epsilon" in audit.get("infinite", ()) else f"{audit['claimed_epsilon']:.2f}"
     text += f" ε_L={'-' if bound is None else f'{bound:.2f}'}/{claimed} k*={k_star}"
-    issue = issues.get(audit["implementation"])
+    issue = audit.get("issue") or issues.get(audit["implementation"])  # a report before entries had "issue": the map
     if audit["expected"] == "known-issue" and issue:
         text += f" [{link_label(issue)}]({issue})"
     return text

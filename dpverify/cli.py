@@ -316,6 +316,7 @@ def _list(args: argparse.Namespace) -> int:
                 "two_world_worlds": worlds.get(info.name, []),
                 "sampler": info.sampler,
                 "layers": list(info.layers),
+                "layer_issues": dict(info.layer_issues),
             }
         )
     if args.json:
@@ -347,7 +348,9 @@ def _expectation(row: dict[str, Any]) -> str:
     """What a listed implementation is expected to do, as the table says it."""
     if row["expected"] == "known-issue":
         return f"known issue {row['issue']}"
-    return "private" if row["expected"] == "private" else f"buggy variant, {row['detectability']}"
+    if row["expected"] == "violation":
+        return f"buggy variant, {row['detectability']}"
+    return "; ".join(["private", *(f"known issue {issue} in {layer}" for layer, issue in row["layer_issues"].items())])
 
 
 #: The ``audit`` options a run in another environment (``--env``) takes from this one: everything that
@@ -658,7 +661,7 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
             )
         except ValueError as exc:
             raise ValueError(f"{_audit_name(audit)}: {exc}") from exc
-        plan.append((audit, implementation, config))
+        plan.append((audit, implementation.audited_in(config.architecture), config))
     return plan
 
 

@@ -12,8 +12,9 @@ framework-free: it imports numpy only.
 from __future__ import annotations
 
 import abc
+import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Literal, Mapping
 
 import numpy as np
@@ -474,6 +475,10 @@ class ImplementationInfo:
     datasets of different sizes, do not apply to it. ``layers`` names the layer designs
     (:data:`LAYERS`, a :class:`LayerArchitecture` each) it trains, so that the default gate audits them too;
     a buggy variant with ``layers`` breaks those layers' norm formula, and only their designs audit it.
+    ``layer_issues`` names, as (layer, upstream address) pairs, the known issues of an implementation expected
+    private that only one of its layer designs finds (a release's norm formula wrong for that layer type):
+    that design's audit is judged and reported as the known issue (:meth:`for_layer`), and every other audit
+    of it stays expected private, counted, so that a new bug there still fails.
     ``sampler`` names the code that draws its batches (``"opacus.DPDataLoader"``): the fixed-batch world
     asks only whether that code samples as the claim's accountant assumes, so the default gate runs it on
     the first implementation of each named sampler in a session and not again on the others.
@@ -493,6 +498,7 @@ class ImplementationInfo:
     microbatches: bool = False
     designated_normaliser: bool = True
     layers: tuple[str, ...] = ()
+    layer_issues: tuple[tuple[str, str], ...] = ()
     sampler: str | None = None
 
     def __post_init__(self) -> None:
@@ -509,6 +515,28 @@ class ImplementationInfo:
             check_choice("detectability", self.detectability, DETECTABILITY_CLASSES)
         for layer in self.layers:
             check_choice("layers", layer, LAYERS)
+        self._check_layer_issues()
+
+    def _check_layer_issues(self) -> None:
+        """Each of ``layer_issues`` is (one of ``layers``, an address), of an implementation expected private."""
+        if self.layer_issues and self.expected != "private":
+            raise ValueError(f"{self.name!r}: layer_issues go with expected='private'; a {self.expected!r} implementation has its expectation in every audit")
+        for pair in self.layer_issues:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], str) and pair[1]):
+                raise ValueError(f"{self.name!r}: each of layer_issues is (layer, the upstream report's address), got {pair!r}")
+            if pair[0] not in self.layers:
+                raise ValueError(f"{self.name!r}: layer_issues name the layer design {pair[0]!r}, which is not one of its layers {self.layers}")
+        named = [layer for layer, _ in self.layer_issues]
+        if len(set(named)) != len(named):
+            raise ValueError(f"{self.name!r}: layer_issues name a layer design more than once: {named}")
+
+    def for_layer(self, layer: str | None) -> ImplementationInfo:
+        """What to expect of this implementation's audit of the ``layer`` design (``None``: any other audit):
+        the known issue ``layer_issues`` names for it, else this info."""
+        issue = None if layer is None else dict(self.layer_issues).get(layer)
+        if issue is None:
+            return self
+        return replace(self, expected="known-issue", issue=issue, layer_issues=())
 
 
 class Implementation(abc.ABC):
@@ -545,6 +573,17 @@ class Implementation(abc.ABC):
             return None
         hint = install_hint(self.info.extra, missing)
         return f"{self.info.name} needs {', '.join(missing)}, which is not installed here: {hint}"
+
+    def audited_in(self, architecture: MLPArchitecture | LayerArchitecture | TransformerArchitecture) -> Implementation:
+        """This implementation as an audit that trains ``architecture`` judges and reports it: for a layer design
+        with a known issue (:meth:`ImplementationInfo.for_layer`), a shallow copy whose info is that known issue,
+        so that its other audits keep the implementation's own expectation; itself otherwise."""
+        info = self.info.for_layer(architecture.layer if isinstance(architecture, LayerArchitecture) else None)
+        if info is self.info:
+            return self
+        view = copy.copy(self)
+        view.info = info
+        return view
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.info.name!r}>"

@@ -117,7 +117,9 @@ def gate_audits(
     (:attr:`~dpverify.contract.ImplementationInfo.layers`): ``worlds`` is ``"applicable"`` (every world that
     applies, :data:`SAMPLER_WORLD` once per named sampler), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves the layer designs
     out (a run that asks for one design). A buggy variant that breaks a layer's norm formula gets its layers'
-    audits only: the other designs cannot see it. ``full_batch``: the one-run audits train at q = 1 (every
+    audits only: the other designs cannot see it. A layer design with a known issue
+    (:attr:`~dpverify.contract.ImplementationInfo.layer_issues`) expects it; the implementation's other
+    audits keep its own expectation. ``full_batch``: the one-run audits train at q = 1 (every
     profile but ``paper``), where an implementation of a :data:`FULL_BATCH_BLIND` row gets its world instead."""
     if isinstance(worlds, str) and worlds not in WORLD_CHOICE_WORDS:
         raise ValueError(f"worlds must be one of {', '.join(WORLD_CHOICE_WORDS)} or world names, got {worlds!r}")
@@ -128,7 +130,7 @@ def gate_audits(
     audits = []
     sampled_by = _sampler_world_takers(infos)
     for info in infos:
-        own_layers = [GateAudit(info.name, info.expected, layer=layer) for layer in info.layers]
+        own_layers = [GateAudit(info.name, info.for_layer(layer).expected, layer=layer) for layer in info.layers]
         if info.layers and info.expected == "violation":
             audits.extend(own_layers if layers else [])
             continue

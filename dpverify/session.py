@@ -250,7 +250,8 @@ class AuditSession:
 def audit_entry(
     result: AuditResult, implementation: Implementation, *, nodeid: str | None = None, counted: bool = False
 ) -> dict[str, Any]:
-    """One audit as the report holds it: the result's fields, the library and its version, the test that
+    """One audit as the report holds it: the result's fields, the library and its version, the known issue's
+    address the audit was judged against (``issue``: the implementation's, or its layer design's), the test that
     ran it (``nodeid``: a pytest node id, or ``dpverify audit <name>`` from the command line) and whether
     the session's level counts it (``counted``; the table's column of that name). Never raises: should the
     result's fields fail to convert, the entry holds its verdict and plain fields, with the failure among
@@ -266,6 +267,7 @@ def audit_entry(
         **entry,
         **fields,
         "counted": counted,
+        "issue": implementation.info.issue,
         "library": implementation.info.library,
         "library_version": version,
     }

@@ -2,17 +2,21 @@
 and that they find a third party's normaliser bugs without any option."""
 
 import json
+import re
 
 import pytest
 
 from dpverify.config import EVERY_UPDATE_SETTING, one_run_full_batch, profile_config, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
-from dpverify.contract import ImplementationInfo
+from dpverify.contract import ImplementationInfo, LayerArchitecture, MLPArchitecture
 from dpverify.gate import EVERY_UPDATE_BUGS, applicable_worlds, every_update_applies, gate_audits
 from tests.test_plugin import CONFTEST, REPO, run
 
 PRIVATE = ImplementationInfo(name="mine", library="numpy")
 WITH_MICROBATCHES = ImplementationInfo(name="micro", library="numpy", microbatches=True)
 KNOWN = ImplementationInfo(name="known", library="numpy", expected="known-issue", issue="https://example.org/1")
+#: A path expected private whose release has a known issue only its linear_3d design finds.
+LAYER_ISSUE = "https://example.org/3d"
+LAYERED = ImplementationInfo(name="layered", library="numpy", layers=("embedding", "linear_3d"), layer_issues=(("linear_3d", LAYER_ISSUE),))
 
 
 def _variant(row: int, detectability: str = "D3") -> ImplementationInfo:
@@ -107,6 +111,42 @@ def test_every_classifier_expected_private_gets_the_every_update_audit_and_varia
     assert every_update_applies(row_8)
     assert [row for row in range(1, 13) if every_update_applies(_variant(row))] == list(EVERY_UPDATE_BUGS) == [8]
     assert not every_update_applies(ImplementationInfo(name="lm", library="numpy", task="language"))
+
+
+def test_a_layer_designs_known_issue_is_that_audits_alone_and_every_other_audit_stays_private_and_counted():
+    """The every-update audit, the worlds and the other layer designs of the path run and count as for any
+    path expected private, so that a new bug there still fails; only the design that finds the issue expects it."""
+    audits = {a.test_name: (a.expected, a.counted) for a in gate_audits([LAYERED])}
+    assert audits.pop("layer[layered-linear_3d]") == ("known-issue", False)
+    assert list(audits) == [a.test_name for a in gate_audits([ImplementationInfo(name="layered", library="numpy", layers=("embedding",))])]
+    assert "every-update[layered]" in audits and "two-world[layered-fixed_batch]" in audits
+    assert set(audits.values()) == {("private", True)}
+    assert LAYERED.for_layer(None) is LAYERED.for_layer("embedding") is LAYERED
+
+
+def test_an_audit_of_the_layer_design_sees_a_view_of_the_implementation_with_that_known_issue():
+    from tests.doubles import Oblivious
+
+    implementation = Oblivious(info=LAYERED)
+    view = implementation.audited_in(LayerArchitecture(layer="linear_3d"))
+    assert type(view) is Oblivious and view.claimed_epsilon == implementation.claimed_epsilon
+    assert (view.info.expected, view.info.issue, view.info.layers) == ("known-issue", LAYER_ISSUE, LAYERED.layers)
+    assert implementation.info is LAYERED  # the registered implementation is left as it is
+    assert implementation.audited_in(LayerArchitecture(layer="embedding")) is implementation
+    assert implementation.audited_in(MLPArchitecture()) is implementation
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [(dict(layers=("embedding",), layer_issues=(("linear_3d", LAYER_ISSUE),)), "name the layer design 'linear_3d', which is not one of its layers"),
+     (dict(layers=("linear_3d",), layer_issues=(("linear_3d", ""),)), "each of layer_issues is .layer, the upstream report's address."),
+     (dict(layers=("linear_3d",), layer_issues=(("linear_3d", LAYER_ISSUE), ("linear_3d", LAYER_ISSUE))), "more than once"),
+     (dict(layers=("linear_3d",), layer_issues=(("linear_3d", LAYER_ISSUE),), expected="known-issue", issue=LAYER_ISSUE),
+      "layer_issues go with expected='private'")],
+)  # fmt: skip
+def test_layer_issues_name_the_implementations_own_layers_with_an_address(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ImplementationInfo(name="layered", library="numpy", **fields)
 
 
 def test_the_every_update_config_designates_q_below_one_and_takes_only_its_gate_settings():
@@ -258,3 +298,74 @@ def test_the_default_gate_refutes_a_third_partys_shuffled_batches_and_passes_its
     result = run(pytester, "--dp-audit", "--dp-audit-seed=1", "-k", "fixed_batch")
     result.assert_outcomes(passed=1, failed=1, deselected=10)
     result.stdout.fnmatch_lines(["FAILED dp-audit::two-world[[]theirs-shuffled-fixed_batch[]]*"])
+
+
+LEAKY_LAYERS = CONFTEST + f"""
+register_implementation(GaussianMechanism(signal=3.0, info=ImplementationInfo(
+    name="leaky-layers", library="numpy", layers=("embedding", "linear_3d"), layer_issues=(("linear_3d", {LAYER_ISSUE!r}),))))
+"""
+
+
+def test_pytest_finds_a_layer_designs_known_issue_and_fails_a_violation_in_the_paths_other_audits(pytester, tmp_path):
+    """The mechanism's canaries carry three times the claimed signal, a leak every design shows: the linear_3d audit reports it as the known issue found again (a
+    warning, no failure and no xfail), the one-run audit and the embedding design fail as a refuted private path."""
+    pytester.makeconftest(LEAKY_LAYERS)
+    report = tmp_path / "r.json"
+    result = run(pytester, "--dp-audit", "--dp-audit-implementations=leaky-layers", "--dp-audit-worlds=none",
+                 "--dp-audit-every-update=false", "--dp-audit-seed=11", f"--dp-audit-report={report}")  # fmt: skip
+    result.assert_outcomes(passed=1, failed=2)  # and no xfail
+    result.stdout.fnmatch_lines([f"*KnownIssueFound: known issue {LAYER_ISSUE} found again*"])
+    for name in ("dp-audit[[]leaky-layers[]]", "layer[[]leaky-layers-embedding[]]"):  # a DPViolation's message and rerun
+        result.stdout.fnmatch_lines(["leaky-layers: verdict VIOLATION*", f"Reproduce with: pytest --dp-audit*dp-audit::{name}*"])
+    result.stdout.fnmatch_lines(["FAILED dp-audit::dp-audit[[]leaky-layers[]]*", "FAILED dp-audit::layer[[]leaky-layers-embedding[]]*"])
+    data = json.loads(report.read_text())
+    entries = {a["nodeid"].split("::")[-1]: a for a in data["audits"]}
+    assert {name: (a["expected"], a["issue"], a["counted"], a["verdict"]) for name, a in entries.items()} == {
+        "dp-audit[leaky-layers]": ("private", None, True, "violation"),
+        "layer[leaky-layers-embedding]": ("private", None, True, "violation"),
+        "layer[leaky-layers-linear_3d]": ("known-issue", LAYER_ISSUE, False, "violation"),
+    }
+    assert data["planned_audits"] == 2
+
+
+def test_the_command_line_judges_and_reports_a_layer_designs_known_issue_as_pytest_does(tmp_path, capsys):
+    from dpverify.cli import main
+    from dpverify.registry import register_implementation, unregister_implementation
+    from tests.doubles import GaussianMechanism
+
+    register_implementation(GaussianMechanism(signal=3.0, info=LAYERED))
+    try:
+        assert main(["list"]) == 0
+        assert f"private; known issue {LAYER_ISSUE} in linear_3d" in capsys.readouterr().out
+        status = main(["audit", "layered", "--worlds", "none", "--every-update", "off", "--seed", "3", "--report", str(tmp_path / "r.json")])
+    finally:
+        unregister_implementation("layered")
+    assert status == 1  # the one-run audit and the embedding design: a path expected private refuted
+    marks = {a["nodeid"]: (a["expected"], a["issue"], a["counted"]) for a in json.loads((tmp_path / "r.json").read_text())["audits"]}
+    assert marks == {
+        "dpverify audit layered": ("private", None, True),
+        "dpverify audit layered layer embedding": ("private", None, True),
+        "dpverify audit layered layer linear_3d": ("known-issue", LAYER_ISSUE, False),
+    }
+    assert re.search(r"layered layer linear_3d .* violation K ", capsys.readouterr().out)
+
+
+def test_the_dp_audit_fixture_judges_an_audit_of_the_layer_design_by_its_known_issue(pytester):
+    pytester.makeconftest(LEAKY_LAYERS)
+    pytester.makepyfile(
+        """
+        import pytest
+        from dpverify.config import layer_config
+        from dpverify.pytest.fixture import KnownIssueFound
+        from dpverify.results import DPViolation
+
+        def test_the_design_that_finds_it(dp_audit):
+            with pytest.warns(KnownIssueFound, match="known issue https://example.org/3d found again"):
+                assert dp_audit("leaky-layers", config=layer_config("quick", "linear_3d")).verdict == "violation"
+
+        def test_another_design(dp_audit):
+            with pytest.raises(DPViolation):
+                dp_audit("leaky-layers", config=layer_config("quick", "embedding"))
+        """
+    )
+    run(pytester, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-seed=11").assert_outcomes(passed=2)

@@ -134,6 +134,27 @@ def test_tf_privacys_dense_bias_finding_holds_on_0_8_12_and_its_variant_is_n_a_t
     assert missing_step(parse_version("0.8.12"), "embedding_norm") is None
 
 
+def test_on_0_8_12_the_dense_bias_finding_is_tf_privacy_fast_clippings_linear_3d_designs_alone(monkeypatch):
+    """The path stays expected private: its every-update audit, worlds and other designs run and count on
+    0.8.12 as on 0.9.0; only the design that finds the finding expects it (the release itself:
+    scripts/release.sh tensorflow-privacy==0.8.12)."""
+    import dpverify_tfprivacy
+    from dpverify_tfprivacy import _releases
+
+    from dpverify.gate import gate_audits
+
+    monkeypatch.setattr(_releases, "installed_version", lambda: parse_version("0.8.12"))
+    info = dpverify_tfprivacy._fast_clipping_info()
+    assert info.expected == "private" and info.layer_issues == (("linear_3d", DENSE_BIAS_3D.issue),)
+    assert f"Installed release: {DENSE_BIAS_3D.summary}." in info.notes
+    audits = {a.test_name: a.expected for a in gate_audits([info])}
+    assert audits.pop("layer[tf-privacy-fast-clipping-linear_3d]") == "known-issue"
+    assert {"every-update[tf-privacy-fast-clipping]", "layer[tf-privacy-fast-clipping-embedding]"} <= set(audits)
+    assert set(audits.values()) == {"private"}
+    monkeypatch.setattr(_releases, "installed_version", lambda: parse_version("0.9.0"))
+    assert dpverify_tfprivacy._fast_clipping_info().layer_issues == ()
+
+
 def test_the_installed_tf_privacy_has_the_einsum_norm_exactly_where_the_variant_is_built():
     pytest.importorskip("tensorflow_privacy", reason="needs TF-Privacy: pip install 'dpverify[tf-privacy]'")
     from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_utils
