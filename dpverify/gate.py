@@ -128,7 +128,7 @@ def gate_audits(
         if unknown:
             raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(WORLD_KINDS)}")
     audits = []
-    sampled_by = _sampler_world_takers(infos)
+    sampler_world_elsewhere = _sampler_world_elsewhere(infos)
     for info in infos:
         own_layers = [GateAudit(info.name, info.for_layer(layer).expected, layer=layer) for layer in info.layers]
         if info.layers and info.expected == "violation":
@@ -137,7 +137,7 @@ def gate_audits(
         chosen = () if worlds == "none" else applicable_worlds(info)
         if not isinstance(worlds, str):
             chosen = tuple(world for world in chosen if world in worlds)
-        elif sampled_by.get(info.sampler, info) is not info and info.bug not in WORLD_BUGS[SAMPLER_WORLD]:
+        elif info.name in sampler_world_elsewhere:
             chosen = tuple(world for world in chosen if world != SAMPLER_WORLD)
         if not (full_batch and FULL_BATCH_BLIND.get(info.bug) in chosen):
             audits.append(GateAudit(info.name, info.expected))
@@ -148,13 +148,13 @@ def gate_audits(
     return audits
 
 
-def _sampler_world_takers(infos: list[ImplementationInfo]) -> dict[str, ImplementationInfo]:
-    """For each named sampler, the implementation that takes :data:`SAMPLER_WORLD` for all of them: the first
-    one expected private, else the first known issue, among those the world applies to for no row of its own
-    (a variant or known issue of the world's row keeps it: that is its finding)."""
-    takers: dict[str, ImplementationInfo] = {}
-    for info in sorted(infos, key=lambda info: info.expected != "private"):
-        if info.sampler is not None and info.bug not in WORLD_BUGS[SAMPLER_WORLD]:
-            if SAMPLER_WORLD in applicable_worlds(info):
-                takers.setdefault(info.sampler, info)
-    return takers
+def _sampler_world_elsewhere(infos: list[ImplementationInfo]) -> set[str]:
+    """The implementations whose sampler's :data:`SAMPLER_WORLD` another takes: of those that name one sampler
+    and get the world for no row of its own (a variant or known issue of the world's row keeps it: that is
+    its finding), the first expected private takes it, else the first known issue; the others leave it."""
+    sharing = [
+        info for info in sorted(infos, key=lambda info: info.expected != "private")
+        if info.sampler is not None and info.bug not in WORLD_BUGS[SAMPLER_WORLD] and SAMPLER_WORLD in applicable_worlds(info)
+    ]  # fmt: skip
+    takers = {info.sampler: info.name for info in reversed(sharing)}  # the first of each sampler wins
+    return {info.name for info in sharing} - set(takers.values())
