@@ -139,10 +139,10 @@ def _check_settings(session: AuditSession) -> None:
     so that a bad value (``m=abc``) is a usage error naming it now, not a crash in every audit."""
     if not session.settings:
         return
-    from dpverify.canaries.worlds import WORLD_KINDS
+    from dpverify.canaries.worlds import world_names
     from dpverify.pytest.fixture import audit_config, gate_every_update_config, world_config
 
-    worlds = {"applicable": WORLD_KINDS, "none": ()}.get(session.worlds, session.worlds)
+    worlds = {"applicable": world_names(), "none": ()}.get(session.worlds, session.worlds)
     try:
         audit_config(session, {})
         if session.every_update:
