@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from dpverify import __version__
-from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, one_run_full_batch
+from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, one_run_full_batch, parse_settings
 from dpverify.execution import EXECUTORS, ExecutorSpec
 from dpverify.progress import ProgressLine, StreamDisplay
 from dpverify.session import EXCLUDE
@@ -568,7 +568,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     privacy target (``--epsilon``, ``--set epsilon=`` or ``--set noise_multiplier=``; two are an error,
     none means ε = 2, but for ``--design two_world``, whose world designates its σ)."""
     overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
-    overrides.update(_settings(args.settings))
+    try:
+        overrides.update(parse_settings(args.settings))
+    except ValueError as exc:
+        raise ValueError(f"--set: {exc}") from None
     targets = ["--epsilon"] * (args.epsilon is not None) + [
         f"--set {name}" for name in ("epsilon", "noise_multiplier") if name in overrides
     ]
@@ -716,22 +719,6 @@ def _conclude(session: Any, *, stopped: str | None = None) -> None:
     path = session.write_report(stopped=stopped)
     if path is not None:
         print(f"JSON report: {path}" + (f" (incomplete: {stopped})" if stopped else ""))
-
-
-def _settings(pairs: Sequence[str]) -> dict[str, object]:
-    """``--set NAME=VALUE`` pairs as overrides; a VALUE that is no Python literal stays a string."""
-    import ast
-
-    settings: dict[str, object] = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--set takes NAME=VALUE, got {pair!r}")
-        try:
-            settings[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            settings[name] = text
-    return settings
 
 
 def _config_for(implementation, profile: str, overrides: dict[str, object]):
