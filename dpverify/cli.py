@@ -432,7 +432,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         entries = [plan_entry(audit, implementation, config, nodeid=_nodeid(audit)) for audit, implementation, config in plan]
         print(json.dumps({"planned_audits": session.planned_audits, "audits": entries}, indent=2))
         return 0
-    baseline = _baseline(args.compare)
+    session.load_baseline(args.compare, option="--compare")
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
@@ -497,7 +497,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             orphan.process.wait()
             orphan.directory.cleanup()
         session.close()
-    comparison = _compare(session, baseline)
+    comparison = session.compare()
     _conclude(session)
     risen = _show_comparison(comparison)
     unexpected = [r for r in session.results if not outcome_as_expected(r)]
@@ -527,29 +527,6 @@ def _share_among_jobs(plan: list[tuple[Any, Any, Any]], jobs: int) -> tuple[list
     ]
     elsewhere = {name for hand in others for name in hand}
     return [entry for entry in plan if entry[0].implementation_name not in elsewhere], shared
-
-
-def _baseline(path: str | None) -> dict[str, Any] | None:
-    """The ``--compare`` report, checked before any audit runs."""
-    if path is None:
-        return None
-    from dpverify.compare import BaselineError, load_baseline
-
-    try:
-        return load_baseline(path)
-    except BaselineError as exc:
-        raise ValueError(f"--compare: {exc}") from None
-
-
-def _compare(session: Any, baseline: dict[str, Any] | None) -> Any:
-    """The comparison with the baseline (kept in the session for the report), or ``None`` without one."""
-    if baseline is None:
-        return None
-    from dpverify.compare import compare_reports
-
-    comparison = compare_reports(baseline, session.results, confidence=session.confidence)
-    session.comparison = comparison.to_dict()
-    return comparison
 
 
 def _show_comparison(comparison: Any) -> int:

@@ -31,6 +31,7 @@ from dpverify._text import decided_by, deficit_text
 from dpverify.execution import Executor, ExecutorSpec
 
 if TYPE_CHECKING:
+    from dpverify.compare import Comparison
     from dpverify.contract import Implementation
     from dpverify.results import AuditResult
 
@@ -94,7 +95,10 @@ class AuditSession:
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
     audits_started: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
-    #: The comparison with a baseline report (:meth:`dpverify.compare.Comparison.to_dict`), when one was made.
+    #: The baseline report (``--compare``, ``--dp-audit-compare``), read and checked before any audit
+    #: (:meth:`load_baseline`), and the comparison with it (:meth:`dpverify.compare.Comparison.to_dict`), when
+    #: one was made (:meth:`compare`).
+    baseline: dict[str, Any] | None = None
     comparison: dict[str, Any] | None = None
     #: What the report says made it, and when the session started.
     command: str = field(default_factory=process_command)
@@ -132,6 +136,29 @@ class AuditSession:
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None
+
+    def load_baseline(self, path: str | None, *, option: str) -> None:
+        """Read and check the baseline report at ``path`` (none: no comparison) before any audit runs: one
+        that cannot be compared with is a ``ValueError`` naming ``option``, not a failure after the audits."""
+        if not path:
+            return
+        from dpverify.compare import BaselineError, load_baseline
+
+        try:
+            self.baseline = load_baseline(path)
+        except BaselineError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+
+    def compare(self) -> Comparison | None:
+        """The results compared with the baseline, kept for the report (:attr:`comparison`); ``None``
+        without a baseline."""
+        if self.baseline is None:
+            return None
+        from dpverify.compare import compare_reports
+
+        comparison = compare_reports(self.baseline, self.results, confidence=self.confidence)
+        self.comparison = comparison.to_dict()
+        return comparison
 
     def audit_seed(self, key: str) -> int:
         """A seed for one audit, from the session seed and a stable key (same on every xdist worker)."""

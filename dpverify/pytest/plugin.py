@@ -19,8 +19,7 @@ from dpverify.execution import ExecutorSpec
 from dpverify.session import EXCLUDE, AuditSession, outcome_as_expected
 from dpverify.workers import confine_jax_worker
 
-#: The ``--dp-audit-compare`` baseline report (checked at start), and the comparison made at the end.
-BASELINE_KEY = pytest.StashKey["dict[str, Any] | None"]()
+#: The comparison with the ``--dp-audit-compare`` baseline made at the end.
 COMPARISON_KEY = pytest.StashKey[Any]()
 
 MARKER_HELP = (
@@ -42,14 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         config.stash[SELECTION_KEY] = options.audit_selection(config)
         session = _session(config)
-        baseline = _baseline(config, session)
+        _load_baseline(config, session)
         options.resolve(config, "progress")  # checked here; each audit reads it (dpverify.pytest.progress)
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     if session.enabled and getattr(config, "workerinput", None) is not None:
         confine_jax_worker(session.executor.kind)  # before a test module starts XLA, whose pool sizes itself by the cores
     config.stash[SESSION_KEY] = session
-    config.stash[BASELINE_KEY] = baseline
     config.pluginmanager.register(ResultGatherer(session), "dpverify-results")
 
 
@@ -88,31 +86,23 @@ def _session(config: pytest.Config) -> AuditSession:
     return session
 
 
-def _baseline(config: pytest.Config, session: AuditSession) -> dict[str, Any] | None:
+def _load_baseline(config: pytest.Config, session: AuditSession) -> None:
     """The ``--dp-audit-compare`` report, checked at start (the xdist controller compares; workers need none)."""
-    path = options.resolve(config, "compare")
-    if not path or not session.enabled or hasattr(config, "workerinput"):
-        return None
-    from dpverify.compare import BaselineError, load_baseline
-
+    if not session.enabled or hasattr(config, "workerinput"):
+        return
     try:
-        return load_baseline(path)
-    except BaselineError as exc:
-        raise options.OptionError(f"--dp-audit-compare: {exc}") from None
+        session.load_baseline(options.resolve(config, "compare"), option="--dp-audit-compare")
+    except ValueError as exc:
+        raise options.OptionError(str(exc)) from None
 
 
 def _compare(session: pytest.Session) -> None:
     """Compare the gathered results with the baseline, for the report and the summary; a significant rise
     fails the session under ``--dp-audit-compare-fail``."""
-    baseline = session.config.stash[BASELINE_KEY]
-    if baseline is None:
+    comparison = session.config.stash[SESSION_KEY].compare()
+    if comparison is None:
         return
-    from dpverify.compare import compare_reports
-
-    audit_session = session.config.stash[SESSION_KEY]
-    comparison = compare_reports(baseline, audit_session.results, confidence=audit_session.confidence)
     session.config.stash[COMPARISON_KEY] = comparison
-    audit_session.comparison = comparison.to_dict()
     if comparison.risen and options.resolve(session.config, "compare-fail") and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
