@@ -619,21 +619,13 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
     of audits. A two-world, every-update or layer audit of the gate takes, of the settings, only those its
     design lets change."""
-    from dpverify.config import every_update_config, gate_layer_config, gate_world_config
     from dpverify.registry import get_implementation
 
     plan = []
     for audit in audits:
         implementation = get_implementation(audit.implementation_name)
         try:
-            if audit.every_update:
-                config = every_update_config(profile, overrides)
-            elif audit.layer is not None:
-                config = gate_layer_config(profile, audit.layer, overrides)
-            elif audit.world is None:
-                config = _config_for(implementation, profile, overrides)
-            else:
-                config = gate_world_config(profile, audit.world, overrides)
+            config = audit.config(profile, overrides, one_run=lambda: _config_for(implementation, profile, overrides))
             config = config.with_overrides(
                 device=session.device,
                 seed=session.audit_seed(audit.seed_key),

@@ -12,8 +12,10 @@ Framework-free: the pytest plugin and the command line plan their audits here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from dpverify.canaries.worlds import WORLDS, world_names
+from dpverify.config import AuditConfig, every_update_config, gate_layer_config, gate_world_config
 from dpverify.contract import ImplementationInfo
 
 __all__ = ["EVERY_UPDATE_BUGS", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
@@ -87,6 +89,19 @@ class GateAudit:
         ``dpverify audit --seed``; the every-update audit, a world or a layer adds its own."""
         extra = "every_update" if self.every_update else self.world or self.layer
         return self.implementation_name if extra is None else f"{self.implementation_name}#{extra}"
+
+    def config(self, profile: str, settings: Mapping[str, Any], *, one_run: Callable[[], AuditConfig]) -> AuditConfig:
+        """This audit's configuration at ``profile``: the every-update audit's, the layer design's or the
+        world's, each with those of a run's ``settings`` (``--set``, ``--dp-audit-set``, device and time
+        limit) its design lets change; or the one-run audit's, which ``one_run`` builds (the command line and
+        the plugin each rank a run's settings their own way)."""
+        if self.every_update:
+            return every_update_config(profile, dict(settings))
+        if self.layer is not None:
+            return gate_layer_config(profile, self.layer, dict(settings))
+        if self.world is not None:
+            return gate_world_config(profile, self.world, dict(settings))
+        return one_run()
 
     @property
     def counted(self) -> bool:

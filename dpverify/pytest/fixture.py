@@ -16,15 +16,9 @@ from typing import Any, NoReturn
 import pytest
 
 from dpverify.audits import auditor_failure, refused_result, run_audit, undecidable
-from dpverify.config import (
-    OVERRIDABLE,
-    AuditConfig,
-    every_update_config,
-    gate_layer_config,
-    gate_world_config,
-    profile_config,
-)
+from dpverify.config import OVERRIDABLE, AuditConfig, profile_config
 from dpverify.contract import Implementation
+from dpverify.gate import GateAudit
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
 from dpverify.pytest.progress import audit_progress
@@ -94,25 +88,14 @@ def audit_config(session: AuditSession, overrides: dict[str, Any]) -> AuditConfi
     return profile_config(profile, **overrides)
 
 
-def world_config(session: AuditSession, world: str) -> AuditConfig:
-    """The default gate's two-world audit of ``world`` at the session's profile, device and time limit,
-    with the ``--dp-audit-set`` settings it takes (runs, records, outputs); the world designates its own σ."""
+def gate_audit_config(session: AuditSession, audit: GateAudit) -> AuditConfig:
+    """The configuration of the default gate's ``audit`` (:meth:`~dpverify.gate.GateAudit.config`) at the
+    session's profile, device and time limit: an every-update, layer or world audit takes those of the
+    ``--dp-audit-set`` settings its design lets change (it designates its own σ), a one-run audit is
+    :func:`audit_config`'s."""
     limit = {} if session.timeout is None else {"timeout": session.timeout}
-    return gate_world_config(session.profile, world, {"device": session.device, **limit, **session.settings})
-
-
-def gate_every_update_config(session: AuditSession) -> AuditConfig:
-    """The default gate's every-update audit at the session's profile, device and time limit, with the
-    ``--dp-audit-set`` settings it takes (m, pooled_runs); it designates its own σ and q."""
-    limit = {} if session.timeout is None else {"timeout": session.timeout}
-    return every_update_config(session.profile, {"device": session.device, **limit, **session.settings})
-
-
-def layer_audit_config(session: AuditSession, layer: str) -> AuditConfig:
-    """The default gate's audit of the ``layer`` design at the session's profile, device and time limit; the
-    design fixes its canaries, runs and claim (``--dp-audit-set`` settings are the one-run audit's)."""
-    limit = {} if session.timeout is None else {"timeout": session.timeout}
-    return gate_layer_config(session.profile, layer, {"device": session.device, **limit, **session.settings})
+    settings = {"device": session.device, **limit, **session.settings}
+    return audit.config(session.profile, settings, one_run=lambda: audit_config(session, {}))
 
 
 def execute_audit(

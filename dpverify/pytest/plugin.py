@@ -130,15 +130,14 @@ def _check_settings(session: AuditSession) -> None:
     if not session.settings:
         return
     from dpverify.canaries.worlds import world_names
-    from dpverify.pytest.fixture import audit_config, gate_every_update_config, world_config
+    from dpverify.gate import GateAudit
+    from dpverify.pytest.fixture import gate_audit_config
 
     worlds = {"applicable": world_names(), "none": ()}.get(session.worlds, session.worlds)
+    checked = [GateAudit("", "private"), *([GateAudit("", "private", every_update=True)] if session.every_update else [])]
     try:
-        audit_config(session, {})
-        if session.every_update:
-            gate_every_update_config(session)
-        for world in worlds:
-            world_config(session, world)
+        for audit in [*checked, *(GateAudit("", "private", world) for world in worlds)]:
+            gate_audit_config(session, audit)
     except ValueError as exc:
         raise options.OptionError(f"--dp-audit-set: {exc}") from None
 
