@@ -379,8 +379,8 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import auditor_failure, run_audit
     from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, share_jobs, start_delegation
     from dpverify.gate import gate_audits
-    from dpverify.contract import EXTRA_ENVIRONMENTS
     from dpverify.registry import registered_implementations
+    from dpverify.releases import environment_for
     from dpverify.session import AuditSession, audit_entry, outcome_as_expected, with_plots
 
     if not args.names and not args.all:
@@ -456,7 +456,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             label = f"[{index}/{len(plan)}] {_audit_name(audit)}"
             reason = implementation.unavailable_reason()
             if reason:
-                environment = EXTRA_ENVIRONMENTS.get(implementation.info.extra or "")
+                environment = environment_for(implementation.info.extra)
                 print(f"{label}: skipped: {reason}" + (f" (or add --env {environment})" if environment else ""), file=sys.stderr)
                 continue
             progress = ProgressLine(label, StreamDisplay(sys.stderr))
