@@ -393,3 +393,19 @@ def test_the_dp_audit_fixture_judges_an_audit_of_the_layer_design_by_its_known_i
         """
     )
     run(pytester, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-seed=11").assert_outcomes(passed=2)
+
+
+def test_the_default_gate_selection_is_written_once():
+    """pyproject.toml's dp_audit_implementations is the selection of both gates: the pytest plugin reads it as
+    its ini value, and scripts/audit.sh (the main job) reads it from there rather than keeping a copy."""
+    import tomllib
+
+    from dpverify.session import selected_by
+
+    selection = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["dp_audit_implementations"]
+    patterns = [pattern.strip() for pattern in selection.split(",")]
+    script = (REPO / "scripts" / "audit.sh").read_text()
+    assert "dp_audit_implementations" in script
+    assert not [pattern for pattern in patterns[1:] if pattern.removeprefix("!") in script]  # no copy of a pattern
+    assert patterns[0] == "*" and selected_by(patterns, "opacus-ghost")
+    assert not selected_by(patterns, "jax-privacy-keras-no-noise") and not selected_by(patterns, "opacus-lm-hooks-clip-2c")
