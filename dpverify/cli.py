@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from dpverify import __version__
-from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, one_run_full_batch, parse_settings
+from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, parse_settings
 from dpverify.execution import EXECUTORS, ExecutorSpec
 from dpverify.progress import ProgressLine, StreamDisplay
 from dpverify.session import EXCLUDE
@@ -378,7 +378,6 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
 def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import auditor_failure, run_audit
     from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, share_jobs, start_delegation
-    from dpverify.gate import gate_audits
     from dpverify.registry import registered_implementations
     from dpverify.releases import environment_for
     from dpverify.session import AuditSession, audit_entry, outcome_as_expected, with_plots
@@ -399,6 +398,11 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         plots_dir=args.plots,
         command=command,
         executor=ExecutorSpec(executor=args.executor, workers=args.workers, ray_address=args.ray_address),
+        settings=overrides,
+        worlds=_worlds(args),
+        every_update=_every_update(args),
+        # A run that asks for one design (--design) gets that design only: no worlds or layers unless asked.
+        layers="applicable" if args.layers == "applicable" or (args.layers is None and args.design is None) else "none",
     )
     environments = [Environment.at(path) for path in args.envs]
     chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
@@ -411,22 +415,14 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in chosen if impl.info.name not in delegated]
     if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
-    # A run that asks for one design (--design) gets that design only: no worlds or layers unless asked.
-    layers = args.layers == "applicable" or (args.layers is None and args.design is None)
-    audits = gate_audits(
-        [impl.info for impl in chosen],
-        worlds=_worlds(args),
-        every_update=_every_update(args),
-        layers=layers,
-        full_batch=one_run_full_batch(args.profile, overrides),
-    )
+    audits = session.gate_audits([impl.info for impl in chosen])
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.
     counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)
     if args.planned_audits is not None and args.planned_audits < counted:
         raise ValueError(f"--planned-audits must be at least this run's {counted} counted audit(s), got {args.planned_audits}")
     session.planned_audits = counted if args.planned_audits is None else args.planned_audits
-    plan = _plan(audits, args.profile, overrides, session)
+    plan = _plan(audits, overrides, session)
     _refuse_undecidable(plan)
     if args.plan:
         entries = [plan_entry(audit, implementation, config, nodeid=_nodeid(audit)) for audit, implementation, config in plan]
@@ -614,7 +610,7 @@ def _audit_name(audit: Any) -> str:
     return audit.implementation_name if audit.world is None else f"{audit.implementation_name} two-world {audit.world}"
 
 
-def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session: Any) -> list[tuple[Any, Any, Any]]:
+def _plan(audits: list[Any], overrides: dict[str, object], session: Any) -> list[tuple[Any, Any, Any]]:
     """``(gate audit, implementation, audit config)`` for every planned audit, all built (and so checked)
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
     of audits. A two-world, every-update or layer audit of the gate takes, of the settings, only those its
@@ -625,7 +621,7 @@ def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session
     for audit in audits:
         implementation = get_implementation(audit.implementation_name)
         try:
-            config = audit.config(profile, overrides, one_run=lambda: _config_for(implementation, profile, overrides))
+            config = session.gate_config(audit, one_run=lambda: _config_for(implementation, session.profile, overrides))
             config = config.with_overrides(
                 device=session.device,
                 seed=session.audit_seed(audit.seed_key),

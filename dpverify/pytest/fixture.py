@@ -18,7 +18,6 @@ import pytest
 from dpverify.audits import auditor_failure, refused_result, run_audit, undecidable
 from dpverify.config import OVERRIDABLE, AuditConfig, profile_config
 from dpverify.contract import Implementation
-from dpverify.gate import GateAudit
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
 from dpverify.pytest.progress import audit_progress
@@ -86,16 +85,6 @@ def audit_config(session: AuditSession, overrides: dict[str, Any]) -> AuditConfi
     if session.timeout is not None:
         overrides.setdefault("timeout", session.timeout)
     return profile_config(profile, **overrides)
-
-
-def gate_audit_config(session: AuditSession, audit: GateAudit) -> AuditConfig:
-    """The configuration of the default gate's ``audit`` (:meth:`~dpverify.gate.GateAudit.config`) at the
-    session's profile, device and time limit: an every-update, layer or world audit takes those of the
-    ``--dp-audit-set`` settings its design lets change (it designates its own σ), a one-run audit is
-    :func:`audit_config`'s."""
-    limit = {} if session.timeout is None else {"timeout": session.timeout}
-    settings = {"device": session.device, **limit, **session.settings}
-    return audit.config(session.profile, settings, one_run=lambda: audit_config(session, {}))
 
 
 def execute_audit(

@@ -131,13 +131,13 @@ def _check_settings(session: AuditSession) -> None:
         return
     from dpverify.canaries.worlds import world_names
     from dpverify.gate import GateAudit
-    from dpverify.pytest.fixture import gate_audit_config
+    from dpverify.pytest.fixture import audit_config
 
     worlds = {"applicable": world_names(), "none": ()}.get(session.worlds, session.worlds)
     checked = [GateAudit("", "private"), *([GateAudit("", "private", every_update=True)] if session.every_update else [])]
     try:
         for audit in [*checked, *(GateAudit("", "private", world) for world in worlds)]:
-            gate_audit_config(session, audit)
+            session.gate_config(audit, one_run=lambda: audit_config(session, {}))
     except ValueError as exc:
         raise options.OptionError(f"--dp-audit-set: {exc}") from None
 
@@ -249,21 +249,12 @@ def _add_ready_made_audits(
 ) -> None:
     """Add the ready-made audits, only those ``named`` (node ids, or the module) when any are; a name that
     matches none is a usage error listing them."""
-    from dpverify.config import one_run_full_batch
-    from dpverify.gate import gate_audits
     from dpverify.pytest.items import DPAuditItem, DPAuditModule
 
     module = DPAuditModule.from_parent(session, name=READY_MADE_MODULE, nodeid=READY_MADE_MODULE)
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
-        DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
-        for audit in gate_audits(
-            infos,
-            worlds=audit_session.worlds,
-            every_update=audit_session.every_update,
-            layers=audit_session.layers == "applicable",
-            full_batch=one_run_full_batch(audit_session.profile, audit_session.settings),
-        )
+        DPAuditItem.from_parent(module, name=audit.test_name, audit=audit) for audit in audit_session.gate_audits(infos)
     ]
     if named:
         unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]
