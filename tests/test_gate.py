@@ -118,6 +118,10 @@ def test_a_world_is_added_by_its_record_alone():
     toy = World(name="toy_size", maker=dataset_size_worlds, bugs=(7,), quick_setting=setting, needs=("microbatches",))
     with pytest.raises(ValueError, match="registered already"):
         register_world(WORLDS["dataset_size"])
+    with pytest.raises(ValueError, match="toy_size world's quick_setting lacks learning_rate"):
+        World(name="toy_size", maker=dataset_size_worlds, bugs=(7,), quick_setting={k: v for k, v in setting.items() if k != "learning_rate"})
+    with pytest.raises(ValueError, match="normaliser"):
+        World(name="toy_size", maker=dataset_size_worlds, bugs=(7,), quick_setting=setting, normaliser="dataset_size")
     register_world(toy)
     try:
         assert "toy_size" in applicable_worlds(_variant(7)) and "toy_size" in applicable_worlds(WITH_MICROBATCHES)
