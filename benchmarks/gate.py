@@ -51,7 +51,7 @@ def main() -> None:
         [
             f"- each audit at confidence {confidence:.5f}: the main job's (`dpverify audit --all`, {planned} planned "
             "audits, session 0.95); seed s is the session seed, as `dpverify audit --all --seed s` runs it",
-            "- settings: `dpverify.config.TWO_WORLD_SETTINGS` (quick profile); `third-party-*`: tests/third_party.py, "
+            "- settings: each world's `quick_setting` (`dpverify.canaries.worlds.WORLDS`); `third-party-*`: tests/third_party.py, "
             "a user's DP-SGD dividing by the designated normaliser, by q·N of its dataset, or by the realised batch",
         ],
     ) + [

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from dpverify import __version__
-from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, one_run_full_batch
+from dpverify.config import DESIGNS, DEVICES, PROFILE_NAMES, PROFILES, parse_settings
 from dpverify.execution import EXECUTORS, ExecutorSpec
 from dpverify.progress import ProgressLine, StreamDisplay
 from dpverify.session import EXCLUDE
@@ -378,9 +378,8 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
 def _audit(args: argparse.Namespace, *, command: str) -> int:
     from dpverify.audits import auditor_failure, run_audit
     from dpverify.environments import Environment, delegate, finish_delegation, plan_entry, share_jobs, start_delegation
-    from dpverify.gate import gate_audits
-    from dpverify.contract import EXTRA_ENVIRONMENTS
     from dpverify.registry import registered_implementations
+    from dpverify.releases import environment_for
     from dpverify.session import AuditSession, audit_entry, outcome_as_expected, with_plots
 
     if not args.names and not args.all:
@@ -399,6 +398,11 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
         plots_dir=args.plots,
         command=command,
         executor=ExecutorSpec(executor=args.executor, workers=args.workers, ray_address=args.ray_address),
+        settings=overrides,
+        worlds=_worlds(args),
+        every_update=_every_update(args),
+        # A run that asks for one design (--design) gets that design only: no worlds or layers unless asked.
+        layers="applicable" if args.layers == "applicable" or (args.layers is None and args.design is None) else "none",
     )
     environments = [Environment.at(path) for path in args.envs]
     chosen = [impl for impl in registered_implementations() if session.selected(impl.info.name)]
@@ -411,28 +415,20 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
     chosen = [impl for impl in chosen if impl.info.name not in delegated]
     if not chosen and not delegations and not args.plan:
         raise ValueError(f"no registered implementation matches {', '.join(args.names)}; see `dpverify list`")
-    # A run that asks for one design (--design) gets that design only: no worlds or layers unless asked.
-    layers = args.layers == "applicable" or (args.layers is None and args.design is None)
-    audits = gate_audits(
-        [impl.info for impl in chosen],
-        worlds=_worlds(args),
-        every_update=_every_update(args),
-        layers=layers,
-        full_batch=one_run_full_batch(args.profile, overrides),
-    )
+    audits = session.gate_audits([impl.info for impl in chosen])
     # As in the plugin: only audits of implementations expected to be private can raise a false alarm,
     # here and in the other environments alike: one level for the whole session.
     counted = sum(audit.counted for audit in audits) + sum(delegation.counted for delegation in delegations)
     if args.planned_audits is not None and args.planned_audits < counted:
         raise ValueError(f"--planned-audits must be at least this run's {counted} counted audit(s), got {args.planned_audits}")
     session.planned_audits = counted if args.planned_audits is None else args.planned_audits
-    plan = _plan(audits, args.profile, overrides, session)
+    plan = _plan(audits, overrides, session)
     _refuse_undecidable(plan)
     if args.plan:
         entries = [plan_entry(audit, implementation, config, nodeid=_nodeid(audit)) for audit, implementation, config in plan]
         print(json.dumps({"planned_audits": session.planned_audits, "audits": entries}, indent=2))
         return 0
-    baseline = _baseline(args.compare)
+    session.load_baseline(args.compare, option="--compare")
     _check_outputs(session)
     print(session.header(rerun=f"--seed {session.seed}"), file=sys.stderr)
     progress = None
@@ -456,7 +452,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             label = f"[{index}/{len(plan)}] {_audit_name(audit)}"
             reason = implementation.unavailable_reason()
             if reason:
-                environment = EXTRA_ENVIRONMENTS.get(implementation.info.extra or "")
+                environment = environment_for(implementation.info.extra)
                 print(f"{label}: skipped: {reason}" + (f" (or add --env {environment})" if environment else ""), file=sys.stderr)
                 continue
             progress = ProgressLine(label, StreamDisplay(sys.stderr))
@@ -497,7 +493,7 @@ def _audit(args: argparse.Namespace, *, command: str) -> int:
             orphan.process.wait()
             orphan.directory.cleanup()
         session.close()
-    comparison = _compare(session, baseline)
+    comparison = session.compare()
     _conclude(session)
     risen = _show_comparison(comparison)
     unexpected = [r for r in session.results if not outcome_as_expected(r)]
@@ -529,29 +525,6 @@ def _share_among_jobs(plan: list[tuple[Any, Any, Any]], jobs: int) -> tuple[list
     return [entry for entry in plan if entry[0].implementation_name not in elsewhere], shared
 
 
-def _baseline(path: str | None) -> dict[str, Any] | None:
-    """The ``--compare`` report, checked before any audit runs."""
-    if path is None:
-        return None
-    from dpverify.compare import BaselineError, load_baseline
-
-    try:
-        return load_baseline(path)
-    except BaselineError as exc:
-        raise ValueError(f"--compare: {exc}") from None
-
-
-def _compare(session: Any, baseline: dict[str, Any] | None) -> Any:
-    """The comparison with the baseline (kept in the session for the report), or ``None`` without one."""
-    if baseline is None:
-        return None
-    from dpverify.compare import compare_reports
-
-    comparison = compare_reports(baseline, session.results, confidence=session.confidence)
-    session.comparison = comparison.to_dict()
-    return comparison
-
-
 def _show_comparison(comparison: Any) -> int:
     """Print the comparison after the table; how many audits rose significantly."""
     if comparison is None:
@@ -568,7 +541,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     privacy target (``--epsilon``, ``--set epsilon=`` or ``--set noise_multiplier=``; two are an error,
     none means ε = 2, but for ``--design two_world``, whose world designates its σ)."""
     overrides = {k: v for k, v in (("design", args.design), ("m", args.m), ("epochs", args.epochs)) if v is not None}
-    overrides.update(_settings(args.settings))
+    try:
+        overrides.update(parse_settings(args.settings))
+    except ValueError as exc:
+        raise ValueError(f"--set: {exc}") from None
     targets = ["--epsilon"] * (args.epsilon is not None) + [
         f"--set {name}" for name in ("epsilon", "noise_multiplier") if name in overrides
     ]
@@ -634,26 +610,18 @@ def _audit_name(audit: Any) -> str:
     return audit.implementation_name if audit.world is None else f"{audit.implementation_name} two-world {audit.world}"
 
 
-def _plan(audits: list[Any], profile: str, overrides: dict[str, object], session: Any) -> list[tuple[Any, Any, Any]]:
+def _plan(audits: list[Any], overrides: dict[str, object], session: Any) -> list[tuple[Any, Any, Any]]:
     """``(gate audit, implementation, audit config)`` for every planned audit, all built (and so checked)
     before the first audit runs: a setting one of them cannot take fails in a second, not after minutes
     of audits. A two-world, every-update or layer audit of the gate takes, of the settings, only those its
     design lets change."""
-    from dpverify.config import every_update_config, gate_layer_config, gate_world_config
     from dpverify.registry import get_implementation
 
     plan = []
     for audit in audits:
         implementation = get_implementation(audit.implementation_name)
         try:
-            if audit.every_update:
-                config = every_update_config(profile, overrides)
-            elif audit.layer is not None:
-                config = gate_layer_config(profile, audit.layer, overrides)
-            elif audit.world is None:
-                config = _config_for(implementation, profile, overrides)
-            else:
-                config = gate_world_config(profile, audit.world, overrides)
+            config = session.gate_config(audit, one_run=lambda: _config_for(implementation, session.profile, overrides))
             config = config.with_overrides(
                 device=session.device,
                 seed=session.audit_seed(audit.seed_key),
@@ -716,22 +684,6 @@ def _conclude(session: Any, *, stopped: str | None = None) -> None:
     path = session.write_report(stopped=stopped)
     if path is not None:
         print(f"JSON report: {path}" + (f" (incomplete: {stopped})" if stopped else ""))
-
-
-def _settings(pairs: Sequence[str]) -> dict[str, object]:
-    """``--set NAME=VALUE`` pairs as overrides; a VALUE that is no Python literal stays a string."""
-    import ast
-
-    settings: dict[str, object] = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--set takes NAME=VALUE, got {pair!r}")
-        try:
-            settings[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            settings[name] = text
-    return settings
 
 
 def _config_for(implementation, profile: str, overrides: dict[str, object]):

@@ -10,7 +10,7 @@ from dpverify._validation import check_choice, check_int, check_probability
 from dpverify.canaries.synthetic import CanaryConfig, check_dirac_room
 from dpverify.contract import LAYERS, DPHyperparameters, LayerArchitecture, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
-from dpverify.canaries.worlds import WORLD_KINDS, TwoWorldConfig
+from dpverify.canaries.worlds import WORLDS, TwoWorldConfig, world_names
 from dpverify.stats.scoring import SCORE_KINDS, GuessRule
 
 Design = Literal["inclusion", "pair", "multitask", "in_distribution", "mislabeled", "two_world"]
@@ -499,26 +499,6 @@ def gate_layer_config(profile: str, layer: str, settings: dict[str, Any]) -> Aud
     return layer_config(profile, layer, **{k: v for k, v in settings.items() if k in LAYER_GATE_SETTINGS})
 
 
-#: What the default gate designates in each two-world world at the quick profile, fixed before any audit
-#: ran: zero-initialised softmax regression, clip norm 1, and σ, q and steps chosen so that the bug class
-#: the world targets separates the worlds within a few hundred runs, where a correct implementation's
-#: claim is still tested (benchmarks/results/two-world-gate.md). Dataset size: 2 vs 3 records and 1024
-#: outputs, one full-batch step (a normaliser that reads N moves the noise's size 1.5×). Realised batch:
-#: 1 vs 2 records, q = 1/2, 4 steps, and σ = 10 so that the claim is small (ε ≈ 0.4) while a halved noise
-#: in any step still shows. Microbatch and worst-case record: one full-batch step at σ = 0.5 (claimed
-#: μ = 2), learning rate 0.07/σ so that x*'s logit margin has noise of sd about 1 (the linear regime): a
-#: doubled sensitivity moves μ to 4, far enough to refute within 300 runs. Fixed batch (every update seen):
-#: 79 markers and the canary in batches of 8, q = 1/10, 2 epochs at σ = 0.8 (a Poisson claim of ε ≈ 5.7 at
-#: δ = 1e-5), learning rate 2e-3 so the markers stay clipped; in simulation of the ideal fixed-batch
-#: mechanism 160 runs per world refute it at every seed at the main job's per-audit level
-#: (benchmarks/results/every-update-fixed-batch.md).
-TWO_WORLD_SETTINGS: dict[str, dict[str, Any]] = {
-    "dataset_size": dict(runs=50, records=2, outputs=1024, noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=1.0),
-    "fixed_batch": dict(runs=160, records=79, outputs=2, noise_multiplier=0.8, sampling_rate=0.1, epochs=2, learning_rate=2e-3),
-    "realised_batch": dict(runs=100, records=1, outputs=1024, noise_multiplier=10.0, sampling_rate=0.5, epochs=2, learning_rate=1.0),
-    "microbatch": dict(runs=300, records=2, outputs=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1, learning_rate=0.14),
-    "worst_case_record": dict(runs=300, records=1, outputs=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1, learning_rate=0.14),
-}
 #: Each profile's runs per world, as a multiple of the quick setting's.
 TWO_WORLD_RUNS_SCALE: dict[str, int] = {"quick": 1, "standard": 10, "gpu": 10, "mlp": 1, "paper": 10}
 #: The settings a session may change in the default gate's two-world audits; the rest is the world's design.
@@ -526,17 +506,18 @@ TWO_WORLD_GATE_SETTINGS: tuple[str, ...] = ("runs", "records", "outputs", "devic
 
 
 def two_world_config(profile: str, world: str, **overrides: Any) -> AuditConfig:
-    """The default gate's two-world audit of ``world`` at ``profile`` (:data:`TWO_WORLD_SETTINGS`, runs
+    """The default gate's two-world audit of ``world`` at ``profile`` (its registered
+    :attr:`~dpverify.canaries.worlds.World.quick_setting`, runs
     scaled by :data:`TWO_WORLD_RUNS_SCALE`), with ``overrides`` among :data:`TWO_WORLD_GATE_SETTINGS`.
     The world designates σ rather than a target ε: its learning rate is matched to the noise."""
     check_choice("profile", profile, PROFILE_NAMES)
-    check_choice("world", world, WORLD_KINDS)
+    check_choice("world", world, world_names())
     unknown = sorted(set(overrides) - set(TWO_WORLD_GATE_SETTINGS))
     if unknown:
         raise ValueError(
             f"the default two-world audits take only {', '.join(TWO_WORLD_GATE_SETTINGS)}, got {', '.join(unknown)}"
         )
-    setting = dict(TWO_WORLD_SETTINGS[world])
+    setting = dict(WORLDS[world].quick_setting)
     setting["runs"] *= TWO_WORLD_RUNS_SCALE[profile]
     setting.update(design="two_world", world=world, hidden_width=0, max_grad_norm=1.0)
     return apply_overrides(PROFILES[profile], {**setting, **overrides})

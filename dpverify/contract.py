@@ -439,17 +439,13 @@ def noise_and_claim(
         raise RuntimeError(f"{name}: {library}'s accountant could not state a claim: {exc}") from exc
 
 
-#: This repository's environment for each extra of its bundled families (noxfile.py's sessions, made by
-#: ``bash scripts/setup.sh``): families that cannot share one environment (TF-Privacy 0.9 needs numpy < 2,
-#: JAX-Privacy 2.0 numpy 2) are audited from their own.
-EXTRA_ENVIRONMENTS = {"torch": ".venvs/torch", "opacus": ".venvs/torch", "tf-privacy": ".venvs/torch", "jax-privacy": ".venvs/jax"}
-
-
 def install_hint(extra: str | None, missing: tuple[str, ...]) -> str:
     """How to get what an implementation of ``extra`` is ``missing``: the environment that has it, when this
     repository makes one, and the package extra to install."""
     pip = f"pip install 'dpverify[{extra}]'" if extra else f"install {', '.join(missing)}"
-    environment = EXTRA_ENVIRONMENTS.get(extra or "")
+    from dpverify.releases import environment_for
+
+    environment = environment_for(extra)
     if environment is None:
         return pip
     return f"run `{environment}/bin/pytest --dp-audit` (made by `bash scripts/setup.sh`), or {pip}"

@@ -12,25 +12,17 @@ Framework-free: the pytest plugin and the command line plan their audits here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-from dpverify.canaries.worlds import BATCH_SIZE_NORMALISED, WORLD_BUGS, WORLD_KINDS
+from dpverify.canaries.worlds import WORLDS, world_names
+from dpverify.config import AuditConfig, every_update_config, gate_layer_config, gate_world_config
 from dpverify.contract import ImplementationInfo
 
-__all__ = ["EVERY_UPDATE_BUGS", "FULL_BATCH_BLIND", "GateAudit", "SAMPLER_WORLD", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
+__all__ = ["EVERY_UPDATE_BUGS", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
 
 #: The bugs.md rows whose buggy variants get the every-update audit: the accountant fed the wrong numbers
 #: (too few steps, too small q), which at q < 1 only the claim's own subsampled curve shows.
 EVERY_UPDATE_BUGS: tuple[int, ...] = (8,)
-
-#: The bugs.md rows a one-run audit at q = 1 cannot see, and the world that can: shuffled fixed-size batches
-#: (row 9) at q = 1 are one batch of the whole dataset, the same mechanism as Poisson sampling at q = 1, so
-#: the implementation's one-run audit there would repeat its Poisson twin's; the gate gives it the
-#: fixed-batch world instead (when that world runs).
-FULL_BATCH_BLIND: dict[int, str] = {9: "fixed_batch"}
-
-#: The world whose question is the sampler's alone (are the batches what the accountant assumes?): with
-#: the applicable worlds it runs once per :attr:`~dpverify.contract.ImplementationInfo.sampler`.
-SAMPLER_WORLD = "fixed_batch"
 
 #: ``--dp-audit-worlds`` / ``--worlds`` words besides world names: every world that applies, or none.
 WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
@@ -38,19 +30,20 @@ WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
 
 def applicable_worlds(info: ImplementationInfo) -> tuple[str, ...]:
     """The worlds that apply to an implementation: to one expected private (or with a known issue that
-    names no bugs.md row), every world but the microbatch world, which needs microbatches; to a buggy
-    variant or a known issue of a bugs.md row, the worlds built for that row (:data:`WORLD_BUGS`); to a
-    language model, none (the worlds are classification datasets). An implementation that cannot take a
-    designated normaliser (:attr:`~dpverify.contract.ImplementationInfo.designated_normaliser`) gets only
-    the worlds whose normaliser is its own batch size (:data:`BATCH_SIZE_NORMALISED`)."""
+    names no bugs.md row), every world it has what it needs for (:attr:`~dpverify.canaries.worlds.World.needs`:
+    the microbatch world needs microbatches); to a buggy variant or a known issue of a bugs.md row, the
+    worlds built for that row (:attr:`~dpverify.canaries.worlds.World.bugs`); to a language model, none (the
+    worlds are classification datasets). An implementation that cannot take a designated normaliser
+    (:attr:`~dpverify.contract.ImplementationInfo.designated_normaliser`) gets only the worlds whose
+    normaliser is its own batch size."""
     if info.task != "classification":
         return ()
     if info.expected == "violation" or (info.expected == "known-issue" and info.bug is not None):
-        worlds = tuple(world for world in WORLD_KINDS if info.bug in WORLD_BUGS[world])
+        worlds = tuple(world for world in world_names() if info.bug in WORLDS[world].bugs)
     else:
-        worlds = tuple(world for world in WORLD_KINDS if world != "microbatch" or info.microbatches)
+        worlds = tuple(world for world in world_names() if all(getattr(info, flag) for flag in WORLDS[world].needs))
     if not info.designated_normaliser:
-        worlds = tuple(world for world in worlds if world in BATCH_SIZE_NORMALISED)
+        worlds = tuple(world for world in worlds if WORLDS[world].normaliser == "batch_size")
     return worlds
 
 
@@ -97,6 +90,19 @@ class GateAudit:
         extra = "every_update" if self.every_update else self.world or self.layer
         return self.implementation_name if extra is None else f"{self.implementation_name}#{extra}"
 
+    def config(self, profile: str, settings: Mapping[str, Any], *, one_run: Callable[[], AuditConfig]) -> AuditConfig:
+        """This audit's configuration at ``profile``: the every-update audit's, the layer design's or the
+        world's, each with those of a run's ``settings`` (``--set``, ``--dp-audit-set``, device and time
+        limit) its design lets change; or the one-run audit's, which ``one_run`` builds (the command line and
+        the plugin each rank a run's settings their own way)."""
+        if self.every_update:
+            return every_update_config(profile, dict(settings))
+        if self.layer is not None:
+            return gate_layer_config(profile, self.layer, dict(settings))
+        if self.world is not None:
+            return gate_world_config(profile, self.world, dict(settings))
+        return one_run()
+
     @property
     def counted(self) -> bool:
         """Only an implementation expected to be private can raise a false alarm: a buggy variant fails
@@ -115,18 +121,19 @@ def gate_audits(
     """The gate's audits of ``infos``, each one-run audit followed by its every-update audit (where
     ``every_update`` and :func:`every_update_applies`), its two-world audits and its layer designs' audits
     (:attr:`~dpverify.contract.ImplementationInfo.layers`): ``worlds`` is ``"applicable"`` (every world that
-    applies, :data:`SAMPLER_WORLD` once per named sampler), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves the layer designs
+    applies, a world :attr:`~dpverify.canaries.worlds.World.once_per_sampler` once per named sampler), ``"none"`` or world names (those of them that apply); ``layers=False`` leaves the layer designs
     out (a run that asks for one design). A buggy variant that breaks a layer's norm formula gets its layers'
     audits only: the other designs cannot see it. A layer design with a known issue
     (:attr:`~dpverify.contract.ImplementationInfo.layer_issues`) expects it; the implementation's other
     audits keep its own expectation. ``full_batch``: the one-run audits train at q = 1 (every
-    profile but ``paper``), where an implementation of a :data:`FULL_BATCH_BLIND` row gets its world instead."""
+    profile but ``paper``), where an implementation of a row of a
+    :attr:`~dpverify.canaries.worlds.World.full_batch_blind` world gets that world instead."""
     if isinstance(worlds, str) and worlds not in WORLD_CHOICE_WORDS:
         raise ValueError(f"worlds must be one of {', '.join(WORLD_CHOICE_WORDS)} or world names, got {worlds!r}")
     if not isinstance(worlds, str):
-        unknown = sorted(set(worlds) - set(WORLD_KINDS))
+        unknown = sorted(set(worlds) - set(world_names()))
         if unknown:
-            raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(WORLD_KINDS)}")
+            raise ValueError(f"unknown world(s) {', '.join(unknown)}; known: {', '.join(world_names())}")
     audits = []
     sampler_world_elsewhere = _sampler_world_elsewhere(infos)
     for info in infos:
@@ -137,9 +144,9 @@ def gate_audits(
         chosen = () if worlds == "none" else applicable_worlds(info)
         if not isinstance(worlds, str):
             chosen = tuple(world for world in chosen if world in worlds)
-        elif info.name in sampler_world_elsewhere:
-            chosen = tuple(world for world in chosen if world != SAMPLER_WORLD)
-        if not (full_batch and FULL_BATCH_BLIND.get(info.bug) in chosen):
+        else:
+            chosen = tuple(world for world in chosen if (info.name, world) not in sampler_world_elsewhere)
+        if not (full_batch and any(WORLDS[world].full_batch_blind and info.bug in WORLDS[world].bugs for world in chosen)):
             audits.append(GateAudit(info.name, info.expected))
         if every_update and every_update_applies(info):
             audits.append(GateAudit(info.name, info.expected, every_update=True))
@@ -148,13 +155,17 @@ def gate_audits(
     return audits
 
 
-def _sampler_world_elsewhere(infos: list[ImplementationInfo]) -> set[str]:
-    """The implementations whose sampler's :data:`SAMPLER_WORLD` another takes: of those that name one sampler
-    and get the world for no row of its own (a variant or known issue of the world's row keeps it: that is
-    its finding), the first expected private takes it, else the first known issue; the others leave it."""
-    sharing = [
-        info for info in sorted(infos, key=lambda info: info.expected != "private")
-        if info.sampler is not None and info.bug not in WORLD_BUGS[SAMPLER_WORLD] and SAMPLER_WORLD in applicable_worlds(info)
-    ]  # fmt: skip
-    takers = {info.sampler: info.name for info in reversed(sharing)}  # the first of each sampler wins
-    return {info.name for info in sharing} - set(takers.values())
+def _sampler_world_elsewhere(infos: list[ImplementationInfo]) -> set[tuple[str, str]]:
+    """``(implementation, world)`` for each world run once per sampler that another implementation takes
+    for the implementation's sampler: of those that name one sampler and get the world for no row of their
+    own (a variant or known issue of the world's row keeps it: that is its finding), the first expected
+    private takes it, else the first known issue; the others leave it."""
+    elsewhere = set()
+    for world in (name for name in world_names() if WORLDS[name].once_per_sampler):
+        sharing = [
+            info for info in sorted(infos, key=lambda info: info.expected != "private")
+            if info.sampler is not None and info.bug not in WORLDS[world].bugs and world in applicable_worlds(info)
+        ]  # fmt: skip
+        takers = {info.sampler: info.name for info in reversed(sharing)}  # the first of each sampler wins
+        elsewhere |= {(info.name, world) for info in sharing if info.name not in takers.values()}
+    return elsewhere

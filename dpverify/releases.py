@@ -1,6 +1,7 @@
 """The releases of each DP library that dpverify supports and gates, one environment each (issue 30).
 
-``pyproject.toml``'s extras declare these ranges; ``nox -s release`` makes an environment per release
+Each library is described by its plugin (:class:`Library`, named under the :data:`LIBRARY_GROUP` entry
+points); ``pyproject.toml``'s extras declare these ranges; ``nox -s release`` makes an environment per release
 (``.venvs/release-<package>-<version>``, the family's environment with that release, and any pins of its
 own, in place of the pinned ones) and audits the library's implementations there; ``bash
 scripts/release.sh PACKAGE==VERSION`` does it for one. Framework-free and stdlib-only: the noxfile imports it before any environment exists.
@@ -10,18 +11,33 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["LIBRARIES", "Finding", "Library", "Release", "installed_release", "parse_release", "parse_version", "releases"]
+__all__ = [
+    "LIBRARY_GROUP",
+    "Finding",
+    "Library",
+    "Release",
+    "environment_for",
+    "installed_release",
+    "libraries",
+    "parse_release",
+    "parse_version",
+    "releases",
+]
 
 
 @dataclass(frozen=True)
 class Library:
-    """A DP library: its package on the index, the family environment it joins (noxfile.py), the
-    constraints file that pins its other packages, its implementations' name pattern, its releases, and
-    ``pins``: for a release the family's constraints do not fit, what is installed with it in place of the
-    family's pins of those packages (``(version, ("jax==0.6.2", ...))``)."""
+    """A DP library, as its plugin describes it (:func:`libraries`): its package on the index, the package
+    ``extra`` that installs it (``pip install 'dpverify[<extra>]'``), the family environment it joins
+    (noxfile.py's session of that name, ``.venvs/<family>``), the constraints file that pins its other
+    packages, its implementations' name pattern, its supported releases, and ``pins``: for a release the
+    family's constraints do not fit, what is installed with it in place of the family's pins of those
+    packages (``(version, ("jax==0.6.2", ...))``)."""
 
     package: str
+    extra: str
     family: str
     constraints: str
     implementations: str
@@ -29,38 +45,74 @@ class Library:
     pins: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
-#: Every release in the declared ranges. Opacus: all releases 1.4.0–1.6.0 (1.5 is the index's name of 1.5.0).
-#: TF-Privacy: 0.8.12 (with tf-models-official 2.15.0 and tensorflow-text 2.15.0, which its pin ~= 2.13 lets
-#: pip choose beside TF 2.15) and 0.9.0. 0.8.11 and earlier pin tensorflow-probability ~= 0.20.0 (built for
-#: TF 2.12), which the family's 0.22.1 excludes.
-#: JAX-Privacy: 1.0.0 and 2.0.0 (the plugin resolves their calls in ``dpverify_jaxprivacy/_api.py``). 1.0.0's
-#: wheel pins jax and jaxlib 0.6.2 and more-itertools 10.1.0, imports chex without declaring it (0.1.90: the
-#: last chex for jax < 0.7) and its Keras API calls a Keras-internal method (``_enforce_jax_state_sharding``)
-#: that Keras 3.12 removed, so its environment has those pins and Keras 3.11.3 in place of the family's.
-LIBRARIES: tuple[Library, ...] = (
-    Library(
-        package="opacus",
-        family="torch",
-        constraints="constraints.txt",
-        implementations="opacus-*",
-        versions=("1.4.0", "1.4.1", "1.5", "1.5.1", "1.5.2", "1.5.3", "1.5.4", "1.6.0"),
-    ),
-    Library(
-        package="tensorflow-privacy",
-        family="torch",
-        constraints="constraints.txt",
-        implementations="tf-privacy-*",
-        versions=("0.8.12", "0.9.0"),
-    ),
-    Library(
-        package="jax-privacy",
-        family="jax",
-        constraints="constraints-jax.txt",
-        implementations="jax-privacy-*",
-        versions=("1.0.0", "2.0.0"),
-        pins=(("1.0.0", ("jax==0.6.2", "jaxlib==0.6.2", "more-itertools==10.1.0", "chex==0.1.90", "keras==3.11.3")),),
-    ),
-)
+#: The entry point group under which a plugin names its :class:`Library` (``module:ATTRIBUTE``), in
+#: pyproject.toml beside its ``dpverify.implementations``.
+LIBRARY_GROUP = "dpverify.libraries"
+
+
+def libraries() -> tuple[Library, ...]:
+    """The libraries the plugins describe, by package name: each entry point of :data:`LIBRARY_GROUP`.
+    Where dpverify is not installed, or was installed before the group existed (the noxfile and
+    scripts/release.sh run before any environment exists), the group is read from the pyproject.toml of the
+    source tree and each module loaded from its file alone: a plugin's package imports numpy, its
+    description must not."""
+    from importlib import metadata
+
+    installed = metadata.entry_points(group=LIBRARY_GROUP)
+    if installed:
+        found = [entry_point.load() for entry_point in installed]
+    else:
+        found = [_load_from_source(value, roots) for value, roots in _source_entry_points()]
+    return tuple(sorted(found, key=lambda library: library.package))
+
+
+def _source_entry_points() -> list[tuple[str, list[Path]]]:
+    """``(module:attribute, package roots)`` for each entry point of :data:`LIBRARY_GROUP` that the
+    pyproject.toml beside this package declares; none outside a source tree (or before Python 3.11)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        import tomllib
+
+        with open(root / "pyproject.toml", "rb") as stream:
+            project = tomllib.load(stream)
+    except (ImportError, OSError):
+        return []
+    roots = [root / where for where in project.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {}).get("where", ["."])]
+    group = project.get("project", {}).get("entry-points", {}).get(LIBRARY_GROUP, {})
+    return [(value, roots) for value in group.values()]
+
+
+def _load_from_source(value: str, roots: list[Path]) -> Library:
+    """The attribute ``value`` (``package.module:ATTRIBUTE``) names, from the module's file under one of
+    ``roots``, executed without its package's ``__init__``."""
+    import importlib.util
+    import sys
+
+    module_name, _, attribute = value.partition(":")
+    relative = Path(*module_name.split(".")).with_suffix(".py")
+    path = next((root / relative for root in roots if (root / relative).is_file()), None)
+    if path is None:
+        raise ValueError(f"{LIBRARY_GROUP} entry point {value!r}: no {relative} under {', '.join(map(str, roots))}")
+    name = f"_dpverify_library_{module_name.replace('.', '_')}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # a dataclass in the module looks its module up while it is defined
+        spec.loader.exec_module(module)
+    return getattr(sys.modules[name], attribute)
+
+
+def environment_for(extra: str | None) -> str | None:
+    """This repository's environment for an implementation of ``extra`` (noxfile.py's sessions, made by
+    ``bash scripts/setup.sh``): its library's family's, ``.venvs/<family>``, or the family's own when
+    ``extra`` names a family; ``None`` for any other. Families that cannot share one environment
+    (TF-Privacy 0.9 needs numpy < 2, JAX-Privacy 2.0 numpy 2) are audited from their own."""
+    known = libraries()
+    family = next((library.family for library in known if library.extra == extra), None)
+    if family is None and extra in {library.family for library in known}:
+        family = extra
+    return None if family is None else f".venvs/{family}"
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -158,8 +210,8 @@ def _release_number(version: str) -> str:
 
 
 def releases() -> list[Release]:
-    """Every supported release of every library, in :data:`LIBRARIES`' order."""
-    return [Release(library, version) for library in LIBRARIES for version in library.versions]
+    """Every supported release of every library, in :func:`libraries`' order."""
+    return [Release(library, version) for library in libraries() for version in library.versions]
 
 
 def parse_release(spec: str) -> Release:
@@ -169,15 +221,16 @@ def parse_release(spec: str) -> Release:
     if match is None:
         raise ValueError(f"a release is PACKAGE==VERSION, e.g. opacus==1.5.2; got {spec!r}")
     package = match.group("package").lower().replace("_", "-")
-    for library in LIBRARIES:
+    known = libraries()
+    for library in known:
         if library.package == package:
             asked = match.group("version")
             for version in library.versions:
                 if _release_number(version) == _release_number(asked):
                     return Release(library, version)
             raise ValueError(f"{package}=={asked} is not a supported release; supported: {', '.join(library.versions)}")
-    known = ", ".join(library.package for library in LIBRARIES)
-    raise ValueError(f"{match.group('package')!r} is not a library dpverify gates releases of; known: {known}")
+    names = ", ".join(library.package for library in known)
+    raise ValueError(f"{match.group('package')!r} is not a library dpverify gates releases of; known: {names}")
 
 
 #: How an implementation says the installed release has no such path (its ``unavailable_reason``).

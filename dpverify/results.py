@@ -334,17 +334,20 @@ class AuditResult:
         return self.verdict
 
 
-def result_without_bound(fields: dict[str, Any], *, verdict: Verdict, device: str, seconds: float, **more: Any) -> AuditResult:
+def result_without_bound(
+    fields: dict[str, Any], *, verdict: Verdict, device: str, seconds: float, optimal_epsilon: float = math.nan, **more: Any
+) -> AuditResult:
     """The result of an audit (its shared ``fields``) that ended before any claim or bound (an error, or
-    an undecided audit refused before training): no claimed ε, ε_L or ceiling (NaN, ``null`` in the
-    report), no guesses; ``more`` fields (``error``, ``canaries_needed``) as given."""
+    an undecided audit refused before training): no claimed ε or ε_L (NaN, ``null`` in the report), no
+    guesses, the ceiling ``optimal_epsilon`` where it is known; ``more`` fields (``error``,
+    ``canaries_needed``) as given."""
     return AuditResult(
         **fields,
         claimed_epsilon=math.nan,
         epsilon_lower_bound=math.nan,
         guesses=0,
         correct=0,
-        optimal_epsilon=math.nan,
+        optimal_epsilon=optimal_epsilon,
         verdict=verdict,
         device=device,
         seconds=seconds,

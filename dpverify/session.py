@@ -25,13 +25,16 @@ import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dpverify._text import decided_by, deficit_text
 from dpverify.execution import Executor, ExecutorSpec
 
 if TYPE_CHECKING:
-    from dpverify.contract import Implementation
+    from dpverify.compare import Comparison
+    from dpverify.config import AuditConfig
+    from dpverify.contract import Implementation, ImplementationInfo
+    from dpverify.gate import GateAudit
     from dpverify.results import AuditResult
 
 
@@ -94,7 +97,10 @@ class AuditSession:
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
     audits_started: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
-    #: The comparison with a baseline report (:meth:`dpverify.compare.Comparison.to_dict`), when one was made.
+    #: The baseline report (``--compare``, ``--dp-audit-compare``), read and checked before any audit
+    #: (:meth:`load_baseline`), and the comparison with it (:meth:`dpverify.compare.Comparison.to_dict`), when
+    #: one was made (:meth:`compare`).
+    baseline: dict[str, Any] | None = None
     comparison: dict[str, Any] | None = None
     #: What the report says made it, and when the session started.
     command: str = field(default_factory=process_command)
@@ -132,6 +138,52 @@ class AuditSession:
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None
+
+    def gate_audits(self, infos: list[ImplementationInfo]) -> list[GateAudit]:
+        """The default gate's audits of ``infos`` as this session asks for them: its worlds, every-update
+        audits and layer designs, and the one-run audits at q = 1 where its profile and settings train there
+        (:func:`dpverify.gate.gate_audits`). The plan of both front ends, the command line and the plugin."""
+        from dpverify.config import one_run_full_batch
+        from dpverify.gate import gate_audits
+
+        return gate_audits(
+            infos,
+            worlds=self.worlds,
+            every_update=self.every_update,
+            layers=self.layers == "applicable",
+            full_batch=one_run_full_batch(self.profile, self.settings),
+        )
+
+    def gate_config(self, audit: GateAudit, *, one_run: Callable[[], AuditConfig]) -> AuditConfig:
+        """The configuration of the gate's ``audit`` (:meth:`~dpverify.gate.GateAudit.config`) at this
+        session's profile, device and time limit: an every-update, layer or world audit takes those of the
+        session's settings its design lets change (it designates its own σ); ``one_run`` builds a one-run
+        audit's, whose settings each front end ranks its own way."""
+        limit = {} if self.timeout is None else {"timeout": self.timeout}
+        return audit.config(self.profile, {"device": self.device, **limit, **self.settings}, one_run=one_run)
+
+    def load_baseline(self, path: str | None, *, option: str) -> None:
+        """Read and check the baseline report at ``path`` (none: no comparison) before any audit runs: one
+        that cannot be compared with is a ``ValueError`` naming ``option``, not a failure after the audits."""
+        if not path:
+            return
+        from dpverify.compare import BaselineError, load_baseline
+
+        try:
+            self.baseline = load_baseline(path)
+        except BaselineError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+
+    def compare(self) -> Comparison | None:
+        """The results compared with the baseline, kept for the report (:attr:`comparison`); ``None``
+        without a baseline."""
+        if self.baseline is None:
+            return None
+        from dpverify.compare import compare_reports
+
+        comparison = compare_reports(self.baseline, self.results, confidence=self.confidence)
+        self.comparison = comparison.to_dict()
+        return comparison
 
     def audit_seed(self, key: str) -> int:
         """A seed for one audit, from the session seed and a stable key (same on every xdist worker)."""

@@ -30,7 +30,7 @@ from dpverify.canaries.synthetic import CANARY_MODES, CanaryConfig
 from dpverify.config import DATA_DESIGNS, DESIGNS, SYNTHETIC_DESIGNS, AuditConfig, profile_config
 from dpverify.contract import DPHyperparameters, MLPArchitecture
 from dpverify.canaries.tagged import DataAuditConfig
-from dpverify.canaries.worlds import BATCH_SIZE_NORMALISED, WORLD_KINDS, TwoWorldConfig
+from dpverify.canaries.worlds import WORLDS, TwoWorldConfig, world_names
 
 #: Every phase but shrinking (and explaining, which reruns the test around the shrunk example): each
 #: example is an audit, so a failing test costs its examples plus the one replay that reports the failing
@@ -205,32 +205,35 @@ def two_world_configs(
     max_records: int = 10,
     min_outputs: int = 2,
     max_outputs: int = 4096,
-    worlds: tuple[str, ...] = tuple(w for w in WORLD_KINDS if w not in BATCH_SIZE_NORMALISED),
+    worlds: tuple[str, ...] | None = None,
 ) -> st.SearchStrategy[TwoWorldConfig]:
-    """The two-world design's part: a crafted world, runs per world, records in D (1 to ``max_records``:
-    the tiny datasets where a size-reading normaliser shows; even for the microbatch world) and the
-    model's outputs (two in the fixed-batch world, which is not drawn unless named: its score reads every
-    update and needs a designated σ, which drawn configurations leave to a target ε)."""
+    """The two-world design's part: a crafted world (by default every registered world but those that
+    :attr:`~dpverify.canaries.worlds.World.designates_sigma`, which drawn configurations leave to a target
+    ε), runs per world, records in D (1 to ``max_records``: the tiny datasets where a size-reading
+    normaliser shows; a multiple of the world's ``records_multiple``, even for the microbatch world) and the
+    model's outputs (the world's own number where it takes one: two in the fixed-batch world)."""
     check_int("min_runs", min_runs, low=2)
     check_int("max_records", max_records, low=1)
     check_int("min_outputs", min_outputs, low=2)
     _bounds("runs", min_runs, max_runs)
     _bounds("outputs", min_outputs, max_outputs)
-    _subset("worlds", worlds, WORLD_KINDS)
-    if max_records < 2 and "microbatch" in worlds:  # the microbatch world cuts D into pairs
-        if worlds == ("microbatch",):
-            raise ValueError(f"the microbatch world needs max_records >= 2, got {max_records}")
-        worlds = tuple(w for w in worlds if w != "microbatch")
+    if worlds is None:
+        worlds = tuple(w for w in world_names() if not WORLDS[w].designates_sigma)
+    _subset("worlds", worlds, world_names())
+    too_few = [w for w in worlds if max_records < WORLDS[w].records_multiple]  # the microbatch world cuts D into pairs
+    if len(too_few) == len(worlds):
+        raise ValueError(f"the {too_few[0]} world needs max_records >= {WORLDS[too_few[0]].records_multiple}, got {max_records}")
+    worlds = tuple(w for w in worlds if w not in too_few)
 
     @st.composite
     def build(draw) -> TwoWorldConfig:
         world = draw(st.sampled_from(worlds))
-        step = 2 if world == "microbatch" else 1
+        step, outputs = WORLDS[world].records_multiple, WORLDS[world].outputs
         return TwoWorldConfig(
             world=world,
             runs=draw(st.integers(min_runs, max_runs)),
             records=draw(st.integers(1, max_records // step)) * step,
-            outputs=2 if world == "fixed_batch" else draw(st.integers(min_outputs, max_outputs)),
+            outputs=outputs if outputs is not None else draw(st.integers(min_outputs, max_outputs)),
         )
 
     return build()

@@ -3,7 +3,7 @@
 # with that release in place of the pinned one (.venvs/release-<package>-<version>), audit the library's
 # implementations there with the default gate at the quick profile, print the table and write the report
 # (default release-<package>-<version>.json). Exit status non-zero when a correct path is refuted without a
-# recorded finding, or an audit errors. Supported releases: dpverify/releases.py; all of them: nox -s release.
+# recorded finding, or an audit errors. Supported releases: each plugin's LIBRARY (plugins/*/_releases.py); all of them: nox -s release.
 #   bash scripts/release.sh opacus==1.5.2 [--report PATH]
 set -euo pipefail
 usage="usage: bash scripts/release.sh PACKAGE==VERSION [--report PATH]"

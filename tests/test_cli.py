@@ -280,11 +280,12 @@ def test_worlds_names_the_two_world_audits_and_a_bad_one_is_a_usage_error(capsys
     assert listed["opacus-dataloader"]["issue"] == "https://github.com/pytorch/opacus/issues/571"
 
 
-def test_set_routes_each_setting_to_the_audit_that_knows_it():
-    from dpverify.cli import _config_for, _settings
+def test_set_routes_each_setting_to_the_audit_that_knows_it(capsys):
+    from dpverify.cli import _config_for
+    from dpverify.config import parse_settings
     from dpverify.registry import get_implementation
 
-    overrides = {"m": 300, **_settings(["prefix_length=6", "num_tags=50", "trigger_mode=gaussian"])}
+    overrides = {"m": 300, **parse_settings(["prefix_length = 6", "num_tags=50", "trigger_mode=gaussian"])}
     assert overrides["prefix_length"] == 6 and overrides["trigger_mode"] == "gaussian"
     language = _config_for(get_implementation("opacus-lm"), "quick", overrides)
     assert (language.canaries.m, language.canaries.prefix_length) == (300, 6)
@@ -292,5 +293,5 @@ def test_set_routes_each_setting_to_the_audit_that_knows_it():
     assert (classifier.data.m, classifier.data.num_tags, classifier.data.trigger_mode) == (300, 50, "gaussian")
     with pytest.raises(ValueError, match="unknown audit setting.*prefix_lenght"):
         _config_for(get_implementation("opacus-ghost"), "quick", {"prefix_lenght": 6})
-    with pytest.raises(ValueError, match="--set takes NAME=VALUE"):
-        _settings(["m"])
+    assert main(["audit", "reference-dpsgd", "--set", "m", "--plan"]) == 2
+    assert "--set: a setting takes NAME=VALUE, got 'm'" in capsys.readouterr().err

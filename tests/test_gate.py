@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from dpverify.config import EVERY_UPDATE_SETTING, one_run_full_batch, profile_config, TWO_WORLD_RUNS_SCALE, TWO_WORLD_SETTINGS, every_update_config, two_world_config
+from dpverify.canaries.worlds import WORLDS, World, dataset_size_worlds, register_world
+from dpverify.config import EVERY_UPDATE_SETTING, one_run_full_batch, profile_config, TWO_WORLD_RUNS_SCALE, every_update_config, two_world_config
 from dpverify.contract import ImplementationInfo, LayerArchitecture, MLPArchitecture
 from dpverify.gate import EVERY_UPDATE_BUGS, applicable_worlds, every_update_applies, gate_audits
 from tests.test_plugin import CONFTEST, REPO, run
@@ -105,6 +106,33 @@ def test_the_fixed_batch_world_runs_once_per_sampler_on_its_first_private_user()
     assert len([a for a in named if a.world == "fixed_batch"]) == 5
 
 
+def test_a_world_is_added_by_its_record_alone():
+    """One :func:`register_world` call is all the gate, the options, the configuration and the strategies
+    need: the record's rows, needs and quick setting reach each of them."""
+    from hypothesis import find
+
+    from dpverify.pytest.options import _worlds
+    from dpverify.strategies import two_world_configs
+
+    setting = dict(WORLDS["dataset_size"].quick_setting, runs=12)
+    toy = World(name="toy_size", maker=dataset_size_worlds, bugs=(7,), quick_setting=setting, needs=("microbatches",))
+    with pytest.raises(ValueError, match="registered already"):
+        register_world(WORLDS["dataset_size"])
+    with pytest.raises(ValueError, match="toy_size world's quick_setting lacks learning_rate"):
+        World(name="toy_size", maker=dataset_size_worlds, bugs=(7,), quick_setting={k: v for k, v in setting.items() if k != "learning_rate"})
+    with pytest.raises(ValueError, match="normaliser"):
+        World(name="toy_size", maker=dataset_size_worlds, bugs=(7,), quick_setting=setting, normaliser="dataset_size")
+    register_world(toy)
+    try:
+        assert "toy_size" in applicable_worlds(_variant(7)) and "toy_size" in applicable_worlds(WITH_MICROBATCHES)
+        assert "toy_size" not in applicable_worlds(PRIVATE)  # it needs microbatches
+        assert two_world_config("quick", "toy_size").worlds.runs == 12
+        assert _worlds("toy_size") == ("toy_size",)
+        assert find(two_world_configs(worlds=("toy_size",)), lambda config: True).world == "toy_size"
+    finally:
+        del WORLDS["toy_size"]
+
+
 def test_every_classifier_expected_private_gets_the_every_update_audit_and_variants_and_known_issues_of_row_8():
     assert every_update_applies(PRIVATE) and not every_update_applies(KNOWN)  # KNOWN names no bugs.md row
     row_8 = ImplementationInfo(name="k8", library="numpy", expected="known-issue", issue="https://example.org/8", bug=8)
@@ -170,7 +198,7 @@ def test_gate_audits_name_a_bad_world_choice(worlds, message):
 
 def test_two_world_config_designates_the_world_and_scales_runs_by_profile():
     quick = two_world_config("quick", "realised_batch")
-    setting = TWO_WORLD_SETTINGS["realised_batch"]
+    setting = WORLDS["realised_batch"].quick_setting
     assert quick.design == "two_world" and quick.worlds.world == "realised_batch"
     assert quick.architecture.is_softmax_regression
     assert quick.hyperparameters.noise_multiplier == setting["noise_multiplier"]
@@ -369,3 +397,19 @@ def test_the_dp_audit_fixture_judges_an_audit_of_the_layer_design_by_its_known_i
         """
     )
     run(pytester, "--dp-audit", "--dp-audit-implementations=none", "--dp-audit-seed=11").assert_outcomes(passed=2)
+
+
+def test_the_default_gate_selection_is_written_once():
+    """pyproject.toml's dp_audit_implementations is the selection of both gates: the pytest plugin reads it as
+    its ini value, and scripts/audit.sh (the main job) reads it from there rather than keeping a copy."""
+    import tomllib
+
+    from dpverify.session import selected_by
+
+    selection = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["dp_audit_implementations"]
+    patterns = [pattern.strip() for pattern in selection.split(",")]
+    script = (REPO / "scripts" / "audit.sh").read_text()
+    assert "dp_audit_implementations" in script
+    assert not [pattern for pattern in patterns[1:] if pattern.removeprefix("!") in script]  # no copy of a pattern
+    assert patterns[0] == "*" and selected_by(patterns, "opacus-ghost")
+    assert not selected_by(patterns, "jax-privacy-keras-no-noise") and not selected_by(patterns, "opacus-lm-hooks-clip-2c")

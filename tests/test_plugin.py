@@ -50,14 +50,18 @@ def test_help_lists_every_option_with_its_ini_and_env_twin(pytester):
 
 
 def test_the_plugin_offers_every_profile_device_and_world():
-    """The plugin spells the choices out (its start-up imports nothing heavy); they must stay the config's."""
-    from dpverify.canaries.worlds import WORLD_KINDS
+    """The plugin spells the choices out (its start-up imports nothing heavy); they must stay the config's.
+    World names come from the registry when given."""
+    from dpverify.canaries.worlds import world_names
     from dpverify.config import DEVICES, PROFILE_NAMES
     from dpverify.gate import WORLD_CHOICE_WORDS
-    from dpverify.pytest.options import DEVICE_CHOICES, PROFILE_CHOICES, WORLD_CHOICES, WORLD_WORDS
+    from dpverify.pytest.options import DEVICE_CHOICES, PROFILE_CHOICES, WORLD_WORDS, _worlds
 
     assert PROFILE_CHOICES == PROFILE_NAMES and DEVICE_CHOICES == DEVICES
-    assert WORLD_CHOICES == tuple(sorted(WORLD_KINDS)) and WORLD_WORDS == WORLD_CHOICE_WORDS
+    assert WORLD_WORDS == WORLD_CHOICE_WORDS
+    assert _worlds(",".join(world_names())) == world_names()
+    with pytest.raises(ValueError, match="names among dataset_size"):
+        _worlds("dataset_size,no_such_world")
 
 
 def test_without_dp_audit_audits_are_skipped_with_a_reason(project):

@@ -9,7 +9,7 @@ import pytest
 from dpverify._validation import check_writable
 from dpverify.audits import undecidable
 from dpverify.config import PROFILE_NAMES, profile_config, two_world_config
-from dpverify.canaries.worlds import WORLD_KINDS
+from dpverify.canaries.worlds import world_names
 from tests.doubles import Oblivious
 from tests.test_plugin import SMALL, run, project  # noqa: F401  (project is a fixture)
 
@@ -107,7 +107,7 @@ def test_no_profile_or_gate_world_is_refused_as_designed(profile):
     """The designed audits decide (at a 20-audit session's level): the refusal only stops settings that cannot."""
     confidence = 1 - 0.05 / 20
     assert undecidable(Oblivious(), profile_config(profile, confidence=confidence)) is None
-    for world in WORLD_KINDS:
+    for world in world_names():
         assert undecidable(Oblivious(), two_world_config(profile, world).with_overrides(confidence=confidence)) is None, world
 
 

@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 
-from dpverify.releases import LIBRARIES, parse_release, releases
+from dpverify.releases import environment_for, libraries, parse_release, releases
 from dpverify_jaxprivacy._releases import missing_path as jax_missing_path
 from dpverify_opacus._releases import (
     GHOST_MAX_GRAD_NORM,
@@ -40,7 +40,7 @@ def test_a_spec_names_a_supported_release_as_the_index_spells_it(spec, package, 
     "spec, message",
     [("opacus=1.5.2", "PACKAGE==VERSION"), ("opacus", "PACKAGE==VERSION"), ("opacus>=1.5", "PACKAGE==VERSION"),
      ("opacus==1.3.0", "supported: 1.4.0, 1.4.1, 1.5,"), ("opacus==1.7.0", "not a supported release"),
-     ("jax-privacy==1.5.0", "supported: 1.0.0, 2.0.0"), ("tensorflow==2.15.1", "known: opacus, tensorflow-privacy, jax-privacy")],
+     ("jax-privacy==1.5.0", "supported: 1.0.0, 2.0.0"), ("tensorflow==2.15.1", "known: jax-privacy, opacus, tensorflow-privacy")],
 )  # fmt: skip
 def test_a_bad_spec_says_what_is_supported(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
@@ -80,9 +80,25 @@ def test_the_declared_ranges_are_the_tested_ranges():
     """pyproject's extras bound each library by its first and last supported release (pin the only one)."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     declared = {re.split("[=<>]", r)[0]: r for extra in extras.values() for r in extra}
-    for library in LIBRARIES:
+    for library in libraries():
         first, last = library.versions[0], library.versions[-1]
         assert declared[library.package] == (f"{library.package}>={first},<={last}" if first != last else f"{library.package}=={first}")
+        assert any(r.startswith(library.package) for r in extras[library.extra])  # its extra installs it
+
+
+def test_the_plugins_describe_the_libraries_and_the_noxfile_reads_them_before_any_environment_exists():
+    """Each library is its plugin's record; without numpy or an installed dpverify (nox's own environment,
+    scripts/release.sh) the records are read from the source tree, the same ones."""
+    assert [library.package for library in libraries()] == ["jax-privacy", "opacus", "tensorflow-privacy"]
+    bare = subprocess.run(
+        [sys.executable, "-S", "-c", "from dpverify.releases import releases; print(*[r.spec for r in releases()])"],
+        cwd=REPO, env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert bare.stdout.split() == [release.spec for release in releases()]
+    assert (environment_for("opacus"), environment_for("tf-privacy"), environment_for("jax-privacy")) == (
+        ".venvs/torch", ".venvs/torch", ".venvs/jax"
+    )  # fmt: skip
+    assert environment_for("torch") == ".venvs/torch" and environment_for("ray") is None and environment_for(None) is None
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from dpverify.audits.planning import (
 from dpverify.audits.training import AuditClock, AuditFailure, ObservationMissing, ScoredRun, Scorer, train_and_score
 from dpverify.config import OBSERVATIONS
 from dpverify.contract import Implementation, Request, TrainedModel
-from dpverify.results import POWER_STEP, AuditResult, beside_verdict
+from dpverify.results import POWER_STEP, AuditResult, beside_verdict, result_without_bound
 from dpverify.stats.bounds import epsilon_lower_bound
 from dpverify.stats.curves import ClaimedRun, combined_curve_test, combined_refutes, curve_refutes, curve_test
 from dpverify.stats.power import AuditPower, judge, measure_power, one_run_catches, one_run_deficit
@@ -57,16 +57,12 @@ def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFa
     audit's adversary observes (:class:`ObservationMissing`)."""
     cause = f"{fields['implementation']}: {failure.cause}"
     missing = isinstance(failure, ObservationMissing)
-    return AuditResult(
-        **fields,
-        claimed_epsilon=math.nan,
-        epsilon_lower_bound=math.nan,
-        guesses=0,
-        correct=0,
-        optimal_epsilon=audit_ceiling(config, fields["m"]),
+    return result_without_bound(
+        fields,
         verdict="undecided" if missing else "error",
         device=failure.device or device,
         seconds=clock.seconds(),
+        optimal_epsilon=audit_ceiling(config, fields["m"]),
         auditor_seconds=clock.auditor_seconds,
         error=None if missing else cause,
         not_run=cause if missing else None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -22,17 +23,18 @@ __all__ = [
     "SCORES",
     "RECORD_SCORES",
     "UPDATE_SCORES",
-    "WORLD_BUGS",
-    "WORLD_KINDS",
-    "BATCH_SIZE_NORMALISED",
+    "WORLDS",
     "TwoWorldConfig",
     "TwoWorlds",
+    "World",
     "dataset_size_worlds",
     "fixed_batch_spike",
     "fixed_batch_worlds",
     "spike_log_likelihood_ratio",
     "microbatch_worlds",
     "realised_batch_worlds",
+    "register_world",
+    "world_names",
     "worst_case_record_worlds",
 ]
 
@@ -397,34 +399,112 @@ def spike_log_likelihood_ratio(x, *, noise_multiplier: float) -> np.ndarray:
     return np.stack([np.sum(spike - (x[..., -1] - 0.5) / sigma2, axis=-1), np.sum(spike, axis=-1)], axis=-1)
 
 
-#: The crafted worlds by name, as the two-world design selects them.
-WORLD_MAKERS = {
-    "dataset_size": dataset_size_worlds,
-    "fixed_batch": fixed_batch_worlds,
-    "microbatch": microbatch_worlds,
-    "realised_batch": realised_batch_worlds,
-    "worst_case_record": worst_case_record_worlds,
-}
-WORLD_KINDS: tuple[str, ...] = tuple(WORLD_MAKERS)
-#: Worlds whose designated normaliser is the batch size of fixed batches (q·|D′|, see
-#: :func:`fixed_batch_worlds`): an API that divides by its own batch size takes them as it is.
-BATCH_SIZE_NORMALISED: tuple[str, ...] = ("fixed_batch",)
-#: The bugs.md rows each world is built to expose: the default gate runs a world on the buggy variants of
-#: these rows (and on every implementation expected to be private). The worst-case record also exposes
-#: rows 1-5, but those are D1/D2 bugs the one-run audit already catches, so it is not run on them again.
-WORLD_BUGS: dict[str, tuple[int, ...]] = {
-    "dataset_size": (7,),
-    "fixed_batch": (9,),
-    "realised_batch": (7,),
-    "microbatch": (11,),
-    "worst_case_record": (6, 12),
-}
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """A crafted world as the default gate, the configuration and the strategies know it, declared once
+    (:func:`register_world`).
+
+    ``maker`` builds its :class:`TwoWorlds` from ``records`` and ``num_classes``. ``bugs``: the bugs.md rows it
+    is built to expose; the gate runs it on the buggy variants of these rows (and on every implementation
+    expected to be private that has what it ``needs``). ``quick_setting``: what the default gate designates
+    in it at the quick profile (runs per world, records, outputs, σ, q, epochs, learning rate).
+    ``normaliser``: ``"designated"`` (the audit designates a public normaliser for both datasets) or
+    ``"batch_size"`` (the batch size of fixed batches, q·|D′|: an API that divides by its own batch size takes
+    it as it is). ``needs``: the :class:`~dpverify.contract.ImplementationInfo` flags an implementation
+    expected private must set to get it (the microbatch world: ``microbatches``). ``once_per_sampler``: its
+    question is the sampler's alone, so the gate runs it once per
+    :attr:`~dpverify.contract.ImplementationInfo.sampler`. ``full_batch_blind``: a one-run audit at q = 1 cannot
+    see its rows, so an implementation of one gets this world in place of that audit. ``records_multiple``:
+    D's size is a multiple of it; ``outputs``: the one number of classes it takes (``None``: any).
+    ``designates_sigma``: its score needs a designated noise multiplier, which drawn configurations (they
+    target an ε) leave out, so the strategies draw it only when named."""
+
+    name: str
+    maker: Callable[..., TwoWorlds]
+    bugs: tuple[int, ...]
+    quick_setting: Mapping[str, Any]
+    normaliser: str = "designated"
+    needs: tuple[str, ...] = ()
+    once_per_sampler: bool = False
+    full_batch_blind: bool = False
+    records_multiple: int = 1
+    outputs: int | None = None
+    designates_sigma: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("normaliser", self.normaliser, NORMALISERS)
+        check_int("records_multiple", self.records_multiple, low=1)
+        missing = sorted(set(QUICK_SETTING_KEYS) - set(self.quick_setting))
+        if missing:
+            raise ValueError(f"the {self.name} world's quick_setting lacks {', '.join(missing)}")
+
+
+#: ``World.normaliser``: what the gate divides a world's noisy sum by.
+NORMALISERS: tuple[str, ...] = ("designated", "batch_size")
+#: What a world's ``quick_setting`` designates (config.two_world_config adds the rest).
+QUICK_SETTING_KEYS: tuple[str, ...] = ("runs", "records", "outputs", "noise_multiplier", "sampling_rate", "epochs", "learning_rate")
+#: The registered worlds by name (:func:`register_world`).
+WORLDS: dict[str, World] = {}
+
+
+def register_world(world: World, *, replace: bool = False) -> World:
+    """Declare ``world``: the gate, ``--dp-audit-worlds``/``--worlds``, the configuration and the strategies
+    read it from here. A name taken already is an error unless ``replace``."""
+    if world.name in WORLDS and not replace:
+        raise ValueError(f"a world named {world.name!r} is registered already; pass replace=True to replace it")
+    WORLDS[world.name] = world
+    return world
+
+
+def world_names() -> tuple[str, ...]:
+    """The registered worlds' names, sorted: the order the gate runs them in."""
+    return tuple(sorted(WORLDS))
+
+
+# What the default gate designates in each world at the quick profile, fixed before any audit ran:
+# zero-initialised softmax regression, clip norm 1, and σ, q and steps chosen so that the bug class the world
+# targets separates the worlds within a few hundred runs, where a correct implementation's claim is still
+# tested (benchmarks/results/two-world-gate.md). Dataset size: 2 vs 3 records and 1024 outputs, one
+# full-batch step (a normaliser that reads N moves the noise's size 1.5×). Realised batch: 1 vs 2 records,
+# q = 1/2, 4 steps, and σ = 10 so that the claim is small (ε ≈ 0.4) while a halved noise in any step still
+# shows. Microbatch and worst-case record: one full-batch step at σ = 0.5 (claimed μ = 2), learning rate
+# 0.07/σ so that x*'s logit margin has noise of sd about 1 (the linear regime): a doubled sensitivity moves μ
+# to 4, far enough to refute within 300 runs. Fixed batch (every update seen): 79 markers and the canary in
+# batches of 8, q = 1/10, 2 epochs at σ = 0.8 (a Poisson claim of ε ≈ 5.7 at δ = 1e-5), learning rate 2e-3
+# so the markers stay clipped; in simulation of the ideal fixed-batch mechanism 160 runs per world refute it
+# at every seed at the main job's per-audit level (benchmarks/results/every-update-fixed-batch.md).
+# The worst-case record also exposes rows 1-5, but those are D1/D2 bugs the one-run audit already catches,
+# so it is not run on them again. Shuffled fixed-size batches (row 9) at q = 1 are one batch of the whole
+# dataset, the same mechanism as Poisson sampling at q = 1, so the one-run audit there would repeat its
+# Poisson twin's: the fixed-batch world is full-batch blind.
+register_world(World(
+    name="dataset_size", maker=dataset_size_worlds, bugs=(7,),
+    quick_setting=dict(runs=50, records=2, outputs=1024, noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=1.0),
+))
+register_world(World(
+    name="fixed_batch", maker=fixed_batch_worlds, bugs=(9,),
+    quick_setting=dict(runs=160, records=79, outputs=2, noise_multiplier=0.8, sampling_rate=0.1, epochs=2, learning_rate=2e-3),
+    normaliser="batch_size", once_per_sampler=True, full_batch_blind=True, outputs=2, designates_sigma=True,
+))
+register_world(World(
+    name="microbatch", maker=microbatch_worlds, bugs=(11,),
+    quick_setting=dict(runs=300, records=2, outputs=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1, learning_rate=0.14),
+    needs=("microbatches",), records_multiple=2,
+))
+register_world(World(
+    name="realised_batch", maker=realised_batch_worlds, bugs=(7,),
+    quick_setting=dict(runs=100, records=1, outputs=1024, noise_multiplier=10.0, sampling_rate=0.5, epochs=2, learning_rate=1.0),
+))
+register_world(World(
+    name="worst_case_record", maker=worst_case_record_worlds, bugs=(6, 12),
+    quick_setting=dict(runs=300, records=1, outputs=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1, learning_rate=0.14),
+))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
 class TwoWorldConfig:
-    """The two-world design's part of an audit: the crafted ``world`` (``dataset_size``, ``microbatch``,
-    ``realised_batch`` or ``worst_case_record``, see their constructors), ``records`` in D, the model's
+    """The two-world design's part of an audit: the crafted ``world`` (a registered :class:`World`, see
+    :func:`world_names` and their constructors), ``records`` in D, the model's
     ``outputs`` (classes) and ``runs`` trainings on each of D and D′. The defaults are the setting that finds Opacus #571: 2 vs 3
     records and 1024 outputs, 60 runs per world. Add/remove neighbours."""
 
@@ -434,7 +514,7 @@ class TwoWorldConfig:
     outputs: int = 1024
 
     def __post_init__(self) -> None:
-        check_choice("world", self.world, WORLD_KINDS)
+        check_choice("world", self.world, world_names())
         check_int("runs", self.runs, low=2)
         check_int("records", self.records, low=1)
         check_int("outputs", self.outputs, low=2)
@@ -442,4 +522,4 @@ class TwoWorldConfig:
 
     def worlds(self) -> TwoWorlds:
         """The two datasets this part designates."""
-        return WORLD_MAKERS[self.world](records=self.records, num_classes=self.outputs)
+        return WORLDS[self.world].maker(records=self.records, num_classes=self.outputs)

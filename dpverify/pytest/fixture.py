@@ -16,14 +16,7 @@ from typing import Any, NoReturn
 import pytest
 
 from dpverify.audits import auditor_failure, refused_result, run_audit, undecidable
-from dpverify.config import (
-    OVERRIDABLE,
-    AuditConfig,
-    every_update_config,
-    gate_layer_config,
-    gate_world_config,
-    profile_config,
-)
+from dpverify.config import OVERRIDABLE, AuditConfig, profile_config
 from dpverify.contract import Implementation
 from dpverify.registry import get_implementation, registered_implementations
 from dpverify.results import AuditError, AuditResult, DPViolation
@@ -92,27 +85,6 @@ def audit_config(session: AuditSession, overrides: dict[str, Any]) -> AuditConfi
     if session.timeout is not None:
         overrides.setdefault("timeout", session.timeout)
     return profile_config(profile, **overrides)
-
-
-def world_config(session: AuditSession, world: str) -> AuditConfig:
-    """The default gate's two-world audit of ``world`` at the session's profile, device and time limit,
-    with the ``--dp-audit-set`` settings it takes (runs, records, outputs); the world designates its own σ."""
-    limit = {} if session.timeout is None else {"timeout": session.timeout}
-    return gate_world_config(session.profile, world, {"device": session.device, **limit, **session.settings})
-
-
-def gate_every_update_config(session: AuditSession) -> AuditConfig:
-    """The default gate's every-update audit at the session's profile, device and time limit, with the
-    ``--dp-audit-set`` settings it takes (m, pooled_runs); it designates its own σ and q."""
-    limit = {} if session.timeout is None else {"timeout": session.timeout}
-    return every_update_config(session.profile, {"device": session.device, **limit, **session.settings})
-
-
-def layer_audit_config(session: AuditSession, layer: str) -> AuditConfig:
-    """The default gate's audit of the ``layer`` design at the session's profile, device and time limit; the
-    design fixes its canaries, runs and claim (``--dp-audit-set`` settings are the one-run audit's)."""
-    limit = {} if session.timeout is None else {"timeout": session.timeout}
-    return gate_layer_config(session.profile, layer, {"device": session.device, **limit, **session.settings})
 
 
 def execute_audit(

@@ -55,15 +55,7 @@ class DPAuditItem(pytest.Item):
         return self.config.stash[SESSION_KEY]
 
     def runtest(self) -> None:
-        from dpverify.pytest.fixture import (
-            audit_config,
-            execute_audit,
-            gate_every_update_config,
-            judge,
-            layer_audit_config,
-            reproduce_hint,
-            world_config,
-        )
+        from dpverify.pytest.fixture import audit_config, execute_audit, judge, reproduce_hint
         from dpverify.registry import get_implementation
 
         session = self.audit_session
@@ -73,14 +65,7 @@ class DPAuditItem(pytest.Item):
             self.user_properties.append((UNAVAILABLE_PROPERTY, json.dumps(unavailable_record(implementation))))
             pytest.skip(reason)
         audit = self.audit
-        if audit.every_update:
-            config = gate_every_update_config(session)
-        elif audit.layer is not None:
-            config = layer_audit_config(session, audit.layer)
-        elif audit.world is not None:
-            config = world_config(session, audit.world)
-        else:
-            config = audit_config(session, {})
+        config = session.gate_config(audit, one_run=lambda: audit_config(session, {}))
         audited = implementation.audited_in(config.architecture)  # a layer design's known issue, if it has one
         result = execute_audit(session, self, audited, config, key=audit.seed_key, counted=audit.counted)
         judge(result, audited, strict=session.strict, reproduce=reproduce_hint(session, self, implementation))

@@ -15,8 +15,8 @@ from dpverify.execution import EXECUTORS
 #: :data:`dpverify.config.PROFILE_NAMES`, spelled out so that start-up imports nothing heavy (a test keeps them equal).
 PROFILE_CHOICES = ("quick", "standard", "gpu", "mlp", "paper")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
-#: :data:`dpverify.canaries.worlds.WORLD_KINDS` and the words of :data:`dpverify.gate.WORLD_CHOICE_WORDS`.
-WORLD_CHOICES = ("dataset_size", "fixed_batch", "microbatch", "realised_batch", "worst_case_record")
+#: The words of :data:`dpverify.gate.WORLD_CHOICE_WORDS`, spelled out so that start-up imports nothing heavy
+#: (a test keeps them equal); world names are checked against the registry only when given.
 WORLD_WORDS = ("applicable", "none")
 #: When ``--dp-audit-progress`` shows each audit's progress line (see :mod:`dpverify.pytest.progress`).
 PROGRESS_CHOICES = ("auto", "always", "never")
@@ -61,13 +61,15 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _worlds(text: str) -> str | tuple[str, ...]:
-    """``applicable``, ``none``, or comma-separated world names."""
+    """``applicable``, ``none``, or comma-separated names of registered worlds."""
     if text.strip() in WORLD_WORDS:
         return text.strip()
+    from dpverify.canaries.worlds import world_names  # numpy: imported only when names are given
+
     names = _names(text)
-    unknown = [name for name in names if name not in WORLD_CHOICES]
+    unknown = [name for name in names if name not in world_names()]
     if not names or unknown:
-        raise ValueError(f"must be {' or '.join(WORLD_WORDS)} or names among {', '.join(WORLD_CHOICES)}, got {text!r}")
+        raise ValueError(f"must be {' or '.join(WORLD_WORDS)} or names among {', '.join(world_names())}, got {text!r}")
     return names
 
 

@@ -19,8 +19,7 @@ from dpverify.execution import ExecutorSpec
 from dpverify.session import EXCLUDE, AuditSession, outcome_as_expected
 from dpverify.workers import confine_jax_worker
 
-#: The ``--dp-audit-compare`` baseline report (checked at start), and the comparison made at the end.
-BASELINE_KEY = pytest.StashKey["dict[str, Any] | None"]()
+#: The comparison with the ``--dp-audit-compare`` baseline made at the end.
 COMPARISON_KEY = pytest.StashKey[Any]()
 
 MARKER_HELP = (
@@ -42,14 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         config.stash[SELECTION_KEY] = options.audit_selection(config)
         session = _session(config)
-        baseline = _baseline(config, session)
+        _load_baseline(config, session)
         options.resolve(config, "progress")  # checked here; each audit reads it (dpverify.pytest.progress)
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     if session.enabled and getattr(config, "workerinput", None) is not None:
         confine_jax_worker(session.executor.kind)  # before a test module starts XLA, whose pool sizes itself by the cores
     config.stash[SESSION_KEY] = session
-    config.stash[BASELINE_KEY] = baseline
     config.pluginmanager.register(ResultGatherer(session), "dpverify-results")
 
 
@@ -88,31 +86,23 @@ def _session(config: pytest.Config) -> AuditSession:
     return session
 
 
-def _baseline(config: pytest.Config, session: AuditSession) -> dict[str, Any] | None:
+def _load_baseline(config: pytest.Config, session: AuditSession) -> None:
     """The ``--dp-audit-compare`` report, checked at start (the xdist controller compares; workers need none)."""
-    path = options.resolve(config, "compare")
-    if not path or not session.enabled or hasattr(config, "workerinput"):
-        return None
-    from dpverify.compare import BaselineError, load_baseline
-
+    if not session.enabled or hasattr(config, "workerinput"):
+        return
     try:
-        return load_baseline(path)
-    except BaselineError as exc:
-        raise options.OptionError(f"--dp-audit-compare: {exc}") from None
+        session.load_baseline(options.resolve(config, "compare"), option="--dp-audit-compare")
+    except ValueError as exc:
+        raise options.OptionError(str(exc)) from None
 
 
 def _compare(session: pytest.Session) -> None:
     """Compare the gathered results with the baseline, for the report and the summary; a significant rise
     fails the session under ``--dp-audit-compare-fail``."""
-    baseline = session.config.stash[BASELINE_KEY]
-    if baseline is None:
+    comparison = session.config.stash[SESSION_KEY].compare()
+    if comparison is None:
         return
-    from dpverify.compare import compare_reports
-
-    audit_session = session.config.stash[SESSION_KEY]
-    comparison = compare_reports(baseline, audit_session.results, confidence=audit_session.confidence)
     session.config.stash[COMPARISON_KEY] = comparison
-    audit_session.comparison = comparison.to_dict()
     if comparison.risen and options.resolve(session.config, "compare-fail") and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -139,16 +129,15 @@ def _check_settings(session: AuditSession) -> None:
     so that a bad value (``m=abc``) is a usage error naming it now, not a crash in every audit."""
     if not session.settings:
         return
-    from dpverify.canaries.worlds import WORLD_KINDS
-    from dpverify.pytest.fixture import audit_config, gate_every_update_config, world_config
+    from dpverify.canaries.worlds import world_names
+    from dpverify.gate import GateAudit
+    from dpverify.pytest.fixture import audit_config
 
-    worlds = {"applicable": WORLD_KINDS, "none": ()}.get(session.worlds, session.worlds)
+    worlds = {"applicable": world_names(), "none": ()}.get(session.worlds, session.worlds)
+    checked = [GateAudit("", "private"), *([GateAudit("", "private", every_update=True)] if session.every_update else [])]
     try:
-        audit_config(session, {})
-        if session.every_update:
-            gate_every_update_config(session)
-        for world in worlds:
-            world_config(session, world)
+        for audit in [*checked, *(GateAudit("", "private", world) for world in worlds)]:
+            session.gate_config(audit, one_run=lambda: audit_config(session, {}))
     except ValueError as exc:
         raise options.OptionError(f"--dp-audit-set: {exc}") from None
 
@@ -260,21 +249,12 @@ def _add_ready_made_audits(
 ) -> None:
     """Add the ready-made audits, only those ``named`` (node ids, or the module) when any are; a name that
     matches none is a usage error listing them."""
-    from dpverify.config import one_run_full_batch
-    from dpverify.gate import gate_audits
     from dpverify.pytest.items import DPAuditItem, DPAuditModule
 
     module = DPAuditModule.from_parent(session, name=READY_MADE_MODULE, nodeid=READY_MADE_MODULE)
     infos = [implementation.info for implementation in _selected_implementations(audit_session)]
     added = [
-        DPAuditItem.from_parent(module, name=audit.test_name, audit=audit)
-        for audit in gate_audits(
-            infos,
-            worlds=audit_session.worlds,
-            every_update=audit_session.every_update,
-            layers=audit_session.layers == "applicable",
-            full_batch=one_run_full_batch(audit_session.profile, audit_session.settings),
-        )
+        DPAuditItem.from_parent(module, name=audit.test_name, audit=audit) for audit in audit_session.gate_audits(infos)
     ]
     if named:
         unmatched = [name for name in named if name != READY_MADE_MODULE and name not in {a.nodeid for a in added}]

@@ -17,10 +17,21 @@ Read in each release's wheel:
 
 from __future__ import annotations
 
+from dpverify.releases import Library, parse_version
 from dpverify.releases import installed_release as installed
-from dpverify.releases import parse_version
 
-__all__ = ["POISSON_IN_FIT_FIRST", "installed_version", "missing_path", "parse_version"]
+__all__ = ["LIBRARY", "POISSON_IN_FIT_FIRST", "installed_version", "missing_path", "parse_version"]
+
+#: What dpverify gates of JAX-Privacy (:mod:`dpverify.releases`): 1.0.0 and 2.0.0 (the plugin resolves their
+#: calls in ``_api.py``), in the jax family's environment. 1.0.0's wheel pins jax and jaxlib 0.6.2 and
+#: more-itertools 10.1.0, imports chex without declaring it (0.1.90: the last chex for jax < 0.7) and its Keras
+#: API calls a Keras-internal method (``_enforce_jax_state_sharding``) that Keras 3.12 removed, so its
+#: environment has those pins and Keras 3.11.3 in place of the family's.
+LIBRARY = Library(
+    package="jax-privacy", extra="jax-privacy", family="jax", constraints="constraints-jax.txt",
+    implementations="jax-privacy-*", versions=("1.0.0", "2.0.0"),
+    pins=(("1.0.0", ("jax==0.6.2", "jaxlib==0.6.2", "more-itertools==10.1.0", "chex==0.1.90", "keras==3.11.3")),),
+)
 
 #: The first release whose Keras API samples Poisson batches in ``fit`` (``poisson_sampling_in_fit``) and
 #: clips and noises with ``clipped_grad`` and ``gaussian_privatizer``.

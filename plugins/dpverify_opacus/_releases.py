@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpverify.releases import Finding, installed_release, parse_version
+from dpverify.releases import Finding, Library, installed_release, parse_version
 
 __all__ = [
+    "LIBRARY",
     "GHOST_MAX_GRAD_NORM",
     "Finding",
     "MakePrivateCall",
@@ -30,6 +31,13 @@ __all__ = [
     "missing_path",
     "parse_version",
 ]
+
+#: What dpverify gates of Opacus (:mod:`dpverify.releases`): all releases 1.4.0–1.6.0 (1.5 is the index's name
+#: of 1.5.0), in the torch family's environment.
+LIBRARY = Library(
+    package="opacus", extra="opacus", family="torch", constraints="constraints.txt",
+    implementations="opacus-*", versions=("1.4.0", "1.4.1", "1.5", "1.5.1", "1.5.2", "1.5.3", "1.5.4", "1.6.0"),
+)
 
 #: The first release with ghost clipping, and the first whose ``make_private`` takes the criterion.
 GHOST_FIRST = (1, 5)

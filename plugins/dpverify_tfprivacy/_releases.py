@@ -18,9 +18,18 @@ function is not (``registry_functions/dense.py``, read in both wheels):
 
 from __future__ import annotations
 
-from dpverify.releases import Finding, installed_release
+from dpverify.releases import Finding, Library, installed_release
 
-__all__ = ["DENSE_BIAS_3D", "installed_version", "missing_step"]
+__all__ = ["LIBRARY", "DENSE_BIAS_3D", "installed_version", "missing_step"]
+
+#: What dpverify gates of TF-Privacy (:mod:`dpverify.releases`): 0.8.12 (with tf-models-official 2.15.0 and
+#: tensorflow-text 2.15.0, which its pin ~= 2.13 lets pip choose beside TF 2.15) and 0.9.0, in the torch
+#: family's environment. 0.8.11 and earlier pin tensorflow-probability ~= 0.20.0 (built for TF 2.12), which
+#: the family's 0.22.1 excludes.
+LIBRARY = Library(
+    package="tensorflow-privacy", extra="tf-privacy", family="torch", constraints="constraints.txt",
+    implementations="tf-privacy-*", versions=("0.8.12", "0.9.0"),
+)
 
 #: The first release whose Dense norm is the einsum formula (and has ``compute_fast_einsum_squared_gradient_norm``).
 EINSUM_NORM_FIRST = (0, 9)
