@@ -224,7 +224,7 @@ def profiles(args: argparse.Namespace) -> list[str]:
                "perfect attacker ε_L", "median curve-test ε", "perfect attacker curve ε", "ε_O", "violations", "s / audit")
     return _header("Power of every profile: both tests beside the perfect attacker", args) + [
         f"Correct implementations, {args.seeds} seed(s) per row. The perfect attacker "
-        "(benchmarks/curves.py, as ../shared/limits/) scores each canary by the exact likelihood ratio of "
+        "(benchmarks/curves.py) scores each canary by the exact likelihood ratio of "
         "the μ-GDP mechanism whose ε at δ = 1e-5 is the target, at the same m, the same guess grid and the "
         f"same 95 % split between the two tests ({args.ceiling_seeds} simulated audits, median). A library "
         "whose accountant overstates ε (Opacus' RDP) calibrates runs a little more private than the target: "
@@ -281,7 +281,7 @@ def detection(args: argparse.Namespace) -> list[str]:
             rows.append((implementation.info.name, implementation.info.bug, implementation.info.detectability, epsilon,
                          f"{caught}/{len(results)}", _median(r.epsilon_lower_bound for r in results),
                          _median(r.seconds for r in results)))
-    columns = ("variant", "bugs.md row", "expected", "claimed ε", "caught", "median ε_L", "s / audit")
+    columns = ("variant", "bug class", "expected", "claimed ε", "caught", "median ε_L", "s / audit")
     return _header("Bug detection: buggy variants caught", args) + _table(columns, rows)
 
 

@@ -1,7 +1,7 @@
 """Steinke bound against the one-run curve test with a perfect attacker, at full batch (q = 1).
 
 Each canary's score is the likelihood-ratio statistic of the claimed mechanism, μ·b + N(0, 1) with
-b ~ Bernoulli(½) (as ../shared/limits/one_run_limit.py): no DP-SGD run gives an auditor more per
+b ~ Bernoulli(½): no DP-SGD run gives an auditor more per
 canary under a correct claim. μ is the GDP μ whose ε at δ = 1e-5 is the claim; a noise deficit k
 (noise / k) scores with k·μ. Guesses: the lead's grid (fractions 0.01 … 1 of m, two-sided),
 Bonferroni over its 7 counts at 95 %. Reported: the median ε_L over seeds of the Steinke bound

@@ -1,4 +1,4 @@
-"""Every-update audits of the fixed-batch world (bugs.md row 9): reach, false alarms and time.
+"""Every-update audits of the fixed-batch world (docs/bugs.md class 9): reach, false alarms and time.
 
     python benchmarks/every_update.py ideal        # the ideal mechanisms: the shuffle gap and the null
     python benchmarks/every_update.py audits       # real trainers through the audit: findings, false alarms, time

@@ -123,8 +123,8 @@ def reach(args: argparse.Namespace) -> list[str]:
     columns = ("implementation", "target ε", "claimed ε", "median ε_L", "perfect attacker ε_L", "reach",
                "median curve-test ε", "perfect attacker curve ε", "reach (curve)", "violations", "s / audit")  # fmt: skip
     return _header("Reach of the LM audit: both tests beside a perfect attacker", args) + [
-        f"{args.seeds} seed(s) per row from seed {args.first_seed}. The perfect attacker (benchmarks/curves.py, as "
-        "../shared/limits/) scores each canary by the exact likelihood ratio of the μ-GDP mechanism whose ε at "
+        f"{args.seeds} seed(s) per row from seed {args.first_seed}. The perfect attacker (benchmarks/curves.py) "
+        "scores each canary by the exact likelihood ratio of the μ-GDP mechanism whose ε at "
         "δ = 1e-5 is the target, at the same m, runs, guess grid and 95 % split between the two tests "
         f"({args.ceiling_seeds} simulated audits, median). Opacus calibrates σ with its RDP accountant, which "
         "overstates ε, so its runs are a little more private than the target and 100 % is out of reach.",
@@ -145,7 +145,7 @@ def detection(args: argparse.Namespace) -> list[str]:
                      f"{sum(bool(r.curve_refuted) for r in results)}/{len(results)}",
                      _median(r.epsilon_lower_bound for r in results), _median(r.curve_epsilon_lower_bound for r in results),
                      _median(r.seconds for r in results))  # fmt: skip
-    columns = ("variant", "bugs.md row", "expected", "claimed ε", "caught", "by the curve test", "median ε_L",
+    columns = ("variant", "bug class", "expected", "claimed ε", "caught", "by the curve test", "median ε_L",
                "median curve-test ε", "s / audit")
     return _header("LM variants caught", args) + [
         f"{args.seeds} seed(s) per row from seed {args.first_seed}; opacus-lm-noise-div-2 is Opacus (ghost) with its "

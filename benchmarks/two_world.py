@@ -5,7 +5,7 @@
     python benchmarks/two_world.py power         # ε_L against the claim of a correct Gaussian mechanism
     python benchmarks/two_world.py speed         # seconds per 1000 runs
     python benchmarks/two_world.py executor-speed  # runs per second in-process, in a pool and on Ray
-    python benchmarks/two_world.py catalog       # bugs.md rows 6, 7, 9, 11, 12 against the correct path
+    python benchmarks/two_world.py catalog       # docs/bugs.md classes 6, 7, 9, 11, 12 against the correct path
     python benchmarks/two_world.py shuffle-gap   # the Poisson claim against a shuffled run's final sum
     python benchmarks/two_world.py noise-deficit # Opacus with its noise divided by k, where one run cannot tell
     python benchmarks/two_world.py scale --runs 100000  # 10⁵ runs per world by executor, power, row 9
@@ -385,7 +385,7 @@ def scale(args: argparse.Namespace) -> None:
     """Two-world audits of ``--runs`` runs per world through the executors: the GDP test against a correct
     full-batch Gaussian mechanism at each of ``--epsilons`` (the power setting: the reference, softmax
     regression, the replace-one worst case, one step) in a pool of ``--workers``; at the first ε also
-    in-process and on a local Ray cluster, for runs per second by mode; and bugs.md row 9 (shuffled
+    in-process and on a local Ray cluster, for runs per second by mode; and docs/bugs.md class 9 (shuffled
     batches accounted as Poisson) against the correct Opacus path in the catalog's setting."""
     from dpverify.execution import ExecutorSpec
 
@@ -456,7 +456,7 @@ def scale(args: argparse.Namespace) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CatalogCase:
-    """One bugs.md row's variant in a world built for its bug class, with the correct path as control."""
+    """One bug class's variant (docs/bugs.md) in a world built for its bug class, with the correct path as control."""
 
     row: int
     variant: str
@@ -489,10 +489,10 @@ def _catalog_cases() -> list[CatalogCase]:
 
 
 def catalog(args: argparse.Namespace) -> None:
-    """bugs.md rows 6, 7, 9, 11, 12: each variant and the correct opacus-ghost, two-world audits at seeds
+    """docs/bugs.md classes 6, 7, 9, 11, 12: each variant and the correct opacus-ghost, two-world audits at seeds
     0 … ``--audits`` − 1, in a world built for the row's bug class."""
     lines = header(
-        "Two-world audits of the catalog's subtle rows (bugs.md 6, 7, 9, 11, 12)",
+        "Two-world audits of the catalog's subtle rows (docs/bugs.md classes 6, 7, 9, 11, 12)",
         args,
         [
             "- each row's Opacus variant and, as control, the correct `opacus-ghost` in the same world and setting; "
@@ -514,7 +514,7 @@ def catalog(args: argparse.Namespace) -> None:
 
 
 def shuffle_gap(args: argparse.Namespace) -> None:
-    """Why a final-model world does not refute shuffling accounted as Poisson (bugs.md row 9) in the linear
+    """Why a final-model world does not refute shuffling accounted as Poisson (docs/bugs.md class 9) in the linear
     regime: the shuffled run's final sum holds x*'s clipped gradient exactly E times (once an epoch) under
     noise of sd σC√T, a Gaussian mechanism with μ = E/(σ√T), whose exact ε is compared with the Poisson
     claim (dp_accounting's PLD, add/remove) for the same σ, q and T = E/q steps."""

@@ -311,6 +311,8 @@ def _list(args: argparse.Namespace) -> int:
                 "unavailable_reason": reason,
                 "expected": info.expected,
                 "detectability": info.detectability,
+                "bug": info.bug,
+                "bug_reference": info.bug_reference,
                 "breaks": info.breaks,
                 "issue": info.issue,
                 "two_world_worlds": worlds.get(info.name, []),
@@ -322,7 +324,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("name", "task", "library", "version", "status", "expected", "two-world worlds", "layers", "what it breaks")
+    header = ("name", "task", "library", "version", "status", "expected", "two-world worlds", "layers", "bug class", "what it breaks")
     table = [header] + [
         (
             row["name"],
@@ -333,6 +335,7 @@ def _list(args: argparse.Namespace) -> int:
             _expectation(row),
             ",".join(row["two_world_worlds"]) or "-",
             ",".join(row["layers"]) or "-",
+            row["bug_reference"] or "-",
             row["breaks"] or "-",
         )
         for row in rows

@@ -29,6 +29,10 @@ Task = Literal["classification", "language"]
 
 RELATIONS: tuple[str, ...] = ("add_remove", "replace_one")
 DETECTABILITY_CLASSES: tuple[str, ...] = ("D1", "D2", "D3", "D4")
+#: The numbers of the bug classes in the project's catalogue, ``docs/bugs.md`` (class n at anchor ``bug-n``).
+BUG_CLASSES: tuple[int, ...] = tuple(range(1, 13))
+#: Where a bug class is described, relative to the project's root: ``BUG_CATALOGUE.format(bug=9)``.
+BUG_CATALOGUE = "docs/bugs.md#bug-{bug}"
 TASKS: tuple[str, ...] = ("classification", "language")
 TransformerInit = Literal["random", "dirac"]
 TRANSFORMER_INITS: tuple[str, ...] = ("random", "dirac")
@@ -457,11 +461,12 @@ class ImplementationInfo:
 
     ``requires`` lists importable modules; when one is missing the implementation is skipped with a
     reason naming ``extra`` (``pip install dpverify[<extra>]``). A buggy variant sets
-    ``expected="violation"``, the rule of the DP-SGD step it ``breaks``, its row in ``bugs.md`` and its
-    expected ``detectability`` class (D1 obvious … D4 invisible to a one-run black-box audit). An
-    unmodified library whose audit found a real, reported leak sets ``expected="known-issue"`` and the
-    upstream report's address in ``issue``: its violation is a finding, reported with its evidence,
-    never hidden. ``task`` says what it trains: ``classification`` (a :class:`TrainingRequest` for the
+    ``expected="violation"``, the rule of the DP-SGD step it ``breaks``, the number of its ``bug`` class in
+    the catalogue ``docs/bugs.md`` (:data:`BUG_CLASSES`, :attr:`bug_reference`) and its expected
+    ``detectability`` class (D1–D4, defined in that catalogue's legend). An unmodified library whose audit
+    found a real, reported leak sets ``expected="known-issue"`` and the upstream report's address in
+    ``issue`` (and its ``bug`` class where it is one): its violation is a finding, reported with its
+    evidence, never hidden. ``task`` says what it trains: ``classification`` (a :class:`TrainingRequest` for the
     MLP) or ``language`` (token sequences for a small causal transformer). ``microbatches`` says the
     implementation can group records into microbatches (TF-Privacy's ``num_microbatches``), so the default
     gate also runs the two-world microbatch world on it. ``designated_normaliser`` says it can divide by
@@ -509,6 +514,11 @@ class ImplementationInfo:
                 raise ValueError(f"buggy variant {self.name!r} must state the rule it breaks and its detectability")
         if self.detectability is not None:
             check_choice("detectability", self.detectability, DETECTABILITY_CLASSES)
+        if self.bug is not None and self.bug not in BUG_CLASSES:
+            raise ValueError(
+                f"{self.name!r}: bug must be the number of a class in docs/bugs.md "
+                f"({BUG_CLASSES[0]}–{BUG_CLASSES[-1]}), got {self.bug!r}"
+            )
         for layer in self.layers:
             check_choice("layers", layer, LAYERS)
         self._check_layer_issues()
@@ -525,6 +535,11 @@ class ImplementationInfo:
         named = [layer for layer, _ in self.layer_issues]
         if len(set(named)) != len(named):
             raise ValueError(f"{self.name!r}: layer_issues name a layer design more than once: {named}")
+
+    @property
+    def bug_reference(self) -> str | None:
+        """Where its bug class is described (``docs/bugs.md#bug-9``), or ``None`` when it names none."""
+        return None if self.bug is None else BUG_CATALOGUE.format(bug=self.bug)
 
     def for_layer(self, layer: str | None) -> ImplementationInfo:
         """What to expect of this implementation's audit of the ``layer`` design (``None``: any other audit):

@@ -20,7 +20,7 @@ from dpverify.contract import ImplementationInfo
 
 __all__ = ["EVERY_UPDATE_BUGS", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
 
-#: The bugs.md rows whose buggy variants get the every-update audit: the accountant fed the wrong numbers
+#: The docs/bugs.md classes whose buggy variants get the every-update audit: the accountant fed the wrong numbers
 #: (too few steps, too small q), which at q < 1 only the claim's own subsampled curve shows.
 EVERY_UPDATE_BUGS: tuple[int, ...] = (8,)
 
@@ -30,9 +30,9 @@ WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")
 
 def applicable_worlds(info: ImplementationInfo) -> tuple[str, ...]:
     """The worlds that apply to an implementation: to one expected private (or with a known issue that
-    names no bugs.md row), every world it has what it needs for (:attr:`~dpverify.canaries.worlds.World.needs`:
-    the microbatch world needs microbatches); to a buggy variant or a known issue of a bugs.md row, the
-    worlds built for that row (:attr:`~dpverify.canaries.worlds.World.bugs`); to a language model, none (the
+    names no docs/bugs.md class), every world it has what it needs for (:attr:`~dpverify.canaries.worlds.World.needs`:
+    the microbatch world needs microbatches); to a buggy variant or a known issue of a docs/bugs.md class, the
+    worlds built for that class (:attr:`~dpverify.canaries.worlds.World.bugs`); to a language model, none (the
     worlds are classification datasets). An implementation that cannot take a designated normaliser
     (:attr:`~dpverify.contract.ImplementationInfo.designated_normaliser`) gets only the worlds whose
     normaliser is its own batch size."""

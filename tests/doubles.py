@@ -174,8 +174,8 @@ class NumpyDPSGD(Implementation):
     ``softmax_only`` refuses an MLP, as a trainer that only does softmax regression would. It hands its
     parameters to ``request.observe_update`` before the first step and after each, unless
     ``hands_over_updates`` is false. ``fixed_batches`` takes each epoch's 1/q steps from a fresh shuffle cut
-    into batches of ⌈N·q⌉ (the last one short), as a data loader does, instead of Poisson batches (bugs.md
-    row 9), and still claims what its accountant states for Poisson sampling."""
+    into batches of ⌈N·q⌉ (the last one short), as a data loader does, instead of Poisson batches
+    (docs/bugs.md class 9), and still claims what its accountant states for Poisson sampling."""
 
     own_hidden_width: int | None = None
     softmax_only: bool = False

@@ -2,7 +2,7 @@
 
 Parametrised over ``registered_implementations()`` with ``task == "classification"`` (built-ins and
 anything registered through the entry point group; language models: tests/test_language_conformance.py), ids = names; an implementation whose library is missing is skipped with its reason.
-A variant whose bug is an accountant fed the wrong numbers (bugs.md row 8) must *fail* the
+A variant whose bug is an accountant fed the wrong numbers (docs/bugs.md class 8) must *fail* the
 claim-matches-request check: that check is how conformance catches it without an audit. Every one, the
 reference included, trains the designated models: a zero-initialised softmax regression for hidden width
 0 and a model with hidden units for an MLP, as the black box shows.

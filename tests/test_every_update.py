@@ -1,4 +1,4 @@
-"""Every-update audits: the fixed-batch world (bugs.md row 9), its score, the looks of a two-world audit,
+"""Every-update audits: the fixed-batch world (docs/bugs.md class 9), its score, the looks of a two-world audit,
 and trainers that do or do not hand their updates over (Request.observe_update)."""
 
 from __future__ import annotations

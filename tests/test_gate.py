@@ -134,7 +134,7 @@ def test_a_world_is_added_by_its_record_alone():
 
 
 def test_every_classifier_expected_private_gets_the_every_update_audit_and_variants_and_known_issues_of_row_8():
-    assert every_update_applies(PRIVATE) and not every_update_applies(KNOWN)  # KNOWN names no bugs.md row
+    assert every_update_applies(PRIVATE) and not every_update_applies(KNOWN)  # KNOWN names no docs/bugs.md class
     row_8 = ImplementationInfo(name="k8", library="numpy", expected="known-issue", issue="https://example.org/8", bug=8)
     assert every_update_applies(row_8)
     assert [row for row in range(1, 13) if every_update_applies(_variant(row))] == list(EVERY_UPDATE_BUGS) == [8]

@@ -122,7 +122,7 @@ def test_a_designated_normaliser_keeps_the_dataset_size_private(reference):
 
 
 def test_dataset_size_world_sees_a_normaliser_that_reads_the_dataset_size():
-    """bugs.md row 7: dividing by the realised batch (at q = 1 the dataset's size) instead of the
+    """docs/bugs.md class 7: dividing by the realised batch (at q = 1 the dataset's size) instead of the
     designated normaliser scales the noise by 3/2 between 2 and 3 records on 1024 outputs, which the
     spread of the log-probabilities tells apart in every run."""
     pytest.importorskip("opacus")
@@ -139,7 +139,7 @@ def test_dataset_size_world_sees_a_normaliser_that_reads_the_dataset_size():
 
 
 def test_the_realised_batch_world_sees_a_normaliser_that_reads_the_sampled_batch():
-    """bugs.md row 7 at q = 1/2: with one record in D, only D′ ever has a batch of two, whose noise a
+    """docs/bugs.md class 7 at q = 1/2: with one record in D, only D′ ever has a batch of two, whose noise a
     realised-batch normaliser halves; the correct path divides by the designated q·|D| and passes."""
     pytest.importorskip("opacus")
     from dpverify.registry import get_implementation
@@ -158,7 +158,7 @@ def test_the_realised_batch_world_sees_a_normaliser_that_reads_the_sampled_batch
 
 
 def test_the_microbatch_world_sees_clipped_pairs_accounted_as_records():
-    """bugs.md row 11: the added record turns one clipped pair mean from −C to +C, twice the add/remove
+    """docs/bugs.md class 11: the added record turns one clipped pair mean from −C to +C, twice the add/remove
     sensitivity the claim assumes (true μ ≈ 2 against the claimed 1); a per-record clipper stays at it."""
     pytest.importorskip("opacus")
     from dpverify.registry import get_implementation

@@ -154,7 +154,7 @@ def _neighbours(relation: str, d: tuple[np.ndarray, np.ndarray], dprime: tuple[n
 def dataset_size_worlds(*, records: int = 2, dimension: int = 1, num_classes: int = 4096) -> TwoWorlds:
     """D: ``records`` copies of one point; D′: one copy more. Score: the output spread on that point.
 
-    Targets bugs.md row 7 and Opacus #571/#819: an implementation that normalises the noisy sum by a
+    Targets docs/bugs.md class 7 and Opacus #571/#819: an implementation that normalises the noisy sum by a
     function of the dataset's size (Opacus: expected_batch_size = int(N · 1/len(loader)), with the
     sampling rate and the epoch's step count from len(loader) as well) scales its noise differently in the
     two worlds. The records are identical, so the worlds differ in their size and one clipped gradient only;
@@ -179,7 +179,7 @@ def dataset_size_worlds(*, records: int = 2, dimension: int = 1, num_classes: in
         num_classes=num_classes,
         probes=point,
         score="output_spread",
-        targets="bugs.md row 7 (Opacus #571, #819): a normaliser, sampling rate or step count derived from N",
+        targets="docs/bugs.md class 7 (Opacus #571, #819): a normaliser, sampling rate or step count derived from N",
     )
 
 
@@ -188,7 +188,7 @@ def realised_batch_worlds(*, records: int = 1, dimension: int = 1, num_classes: 
     of the log-probabilities), named and sized for a normaliser that reads the *sampled* batch: audit it at
     q < 1 with the normaliser designated (the two-world audit does).
 
-    Targets bugs.md row 7 in its realised-batch form (Opacus #420, #571; TF-Privacy's optimizer divides by
+    Targets docs/bugs.md class 7 in its realised-batch form (Opacus #420, #571; TF-Privacy's optimizer divides by
     the number of microbatches it is handed): dividing the noisy sum by the realised batch size B_t scales
     step t's noise by 1/B_t, and B_t is Binomial(N, q) with N = |D| or |D| + 1. With one record in D, D's
     batches hold at most one record and its noise is never scaled down, while D′ has a batch of two with
@@ -200,7 +200,7 @@ def realised_batch_worlds(*, records: int = 1, dimension: int = 1, num_classes: 
     return dataclasses.replace(
         world,
         name=f"realised-batch-{records}-vs-{records + 1}",
-        targets="bugs.md row 7 (Opacus #420, #571): a noisy sum divided by the realised batch size",
+        targets="docs/bugs.md class 7 (Opacus #420, #571): a noisy sum divided by the realised batch size",
     )
 
 
@@ -208,7 +208,7 @@ def microbatch_worlds(*, records: int = 2, dimension: int = 2, num_classes: int 
     """D: ``records`` − 1 copies of a unit point a (label 0), then x* = ``scale``·e₁ with label 0; D′: (x*, 1)
     inserted first. Probed for log p(1 | x*). ``records`` is even.
 
-    Targets bugs.md row 11 (TF-Privacy's microbatches, accounted with σ as if each record were clipped
+    Targets docs/bugs.md class 11 (TF-Privacy's microbatches, accounted with σ as if each record were clipped
     alone): a clipped microbatch mean is one "row", and a record added to a microbatch can turn that row
     from −C to +C, twice the sensitivity C the claim assumes for add/remove (Ponomareva et al. 2023, "How
     to DP-fy ML", §5.6). Records are grouped in the order the trainer receives them, so the added record is
@@ -239,7 +239,7 @@ def microbatch_worlds(*, records: int = 2, dimension: int = 2, num_classes: int 
         probes=features[:1],
         score="target_log_prob",
         target_class=1,
-        targets="bugs.md row 11: clipped microbatch means accounted as clipped records (sensitivity 2C, not C)",
+        targets="docs/bugs.md class 11: clipped microbatch means accounted as clipped records (sensitivity 2C, not C)",
     )
 
 
@@ -255,7 +255,7 @@ def worst_case_record_worlds(
     of a base point (label 0) and D′ adds (x*, 1). Replace-one: D holds ``records`` − 1 base copies and
     (x*, 0), D′ the same with (x*, 1).
 
-    Targets the noise and clipping rules (bugs.md rows 1-6, 11, 12) with the classic worst case (Nasr et
+    Targets the noise and clipping rules (docs/bugs.md classes 1-6, 11, 12) with the classic worst case (Nasr et
     al. 2021): x* is large and far from the base points, so its gradient keeps a norm above C at every
     step and its clipped gradient pulls x*'s logit for class 1 the same way each step; the probe is x*
     itself, where that pull is largest. Replace-one flips x*'s label, so the two clipped gradients point
@@ -293,7 +293,7 @@ def worst_case_record_worlds(
         probes=target,
         score="target_log_prob",
         target_class=1,
-        targets="bugs.md rows 1-6, 11, 12: missing or scaled noise, missing or batch-level clipping",
+        targets="docs/bugs.md classes 1-6, 11, 12: missing or scaled noise, missing or batch-level clipping",
     )
 
 
@@ -304,7 +304,7 @@ def fixed_batch_worlds(
     from every released update by :func:`fixed_batch_spike`. Add/remove neighbours: D′ is D with one
     record added, the relation a Poisson accountant's ε is stated for.
 
-    Targets bugs.md row 9 (Opacus ``poisson_sampling=False``, JAX-Privacy's Keras default
+    Targets docs/bugs.md class 9 (Opacus ``poisson_sampling=False``, JAX-Privacy's Keras default
     ``poisson_sampling_in_fit=False``, TF-Privacy's ``shuffle().batch(B)`` tutorials; Chua et al. 2024,
     Annamalai et al. 2026): fixed-size batches of a shuffled dataset accounted as Poisson sampling. With two
     classes, x*'s clipped gradient for label 0 and for label 1 point exactly opposite ways whatever the
@@ -338,7 +338,7 @@ def fixed_batch_worlds(
         num_classes=2,
         probes=point,
         score="fixed_batch_spike",
-        targets="bugs.md row 9 (Opacus #80, jax_privacy #84): shuffled fixed-size batches accounted as Poisson",
+        targets="docs/bugs.md class 9 (Opacus #80, jax_privacy #84): shuffled fixed-size batches accounted as Poisson",
         public_size=records + 1,
         marker_scale=scale,
     )
@@ -404,7 +404,7 @@ class World:
     """A crafted world as the default gate, the configuration and the strategies know it, declared once
     (:func:`register_world`).
 
-    ``maker`` builds its :class:`TwoWorlds` from ``records`` and ``num_classes``. ``bugs``: the bugs.md rows it
+    ``maker`` builds its :class:`TwoWorlds` from ``records`` and ``num_classes``. ``bugs``: the docs/bugs.md classes it
     is built to expose; the gate runs it on the buggy variants of these rows (and on every implementation
     expected to be private that has what it ``needs``). ``quick_setting``: what the default gate designates
     in it at the quick profile (runs per world, records, outputs, σ, q, epochs, learning rate).
@@ -473,8 +473,8 @@ def world_names() -> tuple[str, ...]:
 # batches of 8, q = 1/10, 2 epochs at σ = 0.8 (a Poisson claim of ε ≈ 5.7 at δ = 1e-5), learning rate 2e-3
 # so the markers stay clipped; in simulation of the ideal fixed-batch mechanism 160 runs per world refute it
 # at every seed at the main job's per-audit level (benchmarks/results/every-update-fixed-batch.md).
-# The worst-case record also exposes rows 1-5, but those are D1/D2 bugs the one-run audit already catches,
-# so it is not run on them again. Shuffled fixed-size batches (row 9) at q = 1 are one batch of the whole
+# The worst-case record also exposes classes 1-5, but those are D1/D2 bugs the one-run audit already catches,
+# so it is not run on them again. Shuffled fixed-size batches (class 9) at q = 1 are one batch of the whole
 # dataset, the same mechanism as Poisson sampling at q = 1, so the one-run audit there would repeat its
 # Poisson twin's: the fixed-batch world is full-batch blind.
 register_world(World(

@@ -182,7 +182,7 @@ def _variant(path: str, step: str) -> JaxPrivacy:
     return JaxPrivacy(info, step, path=path)
 
 
-#: The variants whose per-example norm under-counts one layer (bugs.md row 2 for that layer, D2): (step, layer,
+#: The variants whose per-example norm under-counts one layer (docs/bugs.md class 2 for that layer, D2): (step, layer,
 #: how). ``clipping.clip_pytree`` is swapped while the clipped sum traces (``_layers.UndercountingStep``).
 _LAYER_VARIANTS = (
     ("embedding_norm", "embedding",

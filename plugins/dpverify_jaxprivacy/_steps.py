@@ -9,7 +9,7 @@ its own ``train_step``, so :func:`library_calls` puts a step's methods in their 
 
 Each variant changes exactly one thing and keeps the claim:
 
-- ``no_noise`` (bugs.md row 1): the privatizer is built with stddev 0;
+- ``no_noise`` (docs/bugs.md class 1): the privatizer is built with stddev 0;
 - ``no_clipping`` (row 2): rows are clipped at an unreachable norm while the callable still states the
   nominal bound, so the noise stays σ times it;
 - ``noise_for_mean`` (row 3): the privatizer's stddev is divided by the batch size, the noise meant for the

@@ -5,7 +5,7 @@ Opacus' ``DPDataLoader``, ``grad_sample_mode`` "ghost" or "hooks") and claim wha
 states: RDP ε as ``epsilon``, the PRV ε of the same history as ``other_epsilons["opacus.prv"]``.
 
 Each variant (``opacus-no-noise``, ...) changes one rule of a correct DP-SGD step (a row of
-``bugs.md``) inside the real Opacus code path and keeps Opacus' claim; see
+``docs/bugs.md``) inside the real Opacus code path and keeps Opacus' claim; see
 :mod:`dpverify_opacus.variants` for how. :func:`noise_scaled` builds (without registering) Opacus with its
 noise divided by k, for benchmarks of the smallest noise deficit an audit catches.
 
@@ -146,7 +146,7 @@ def dataloader_implementation(
 def shuffled_batches_implementation() -> OpacusImplementation:
     """``opacus-shuffled-batches``: ``make_private(poisson_sampling=False)`` on a shuffled
     ``DataLoader(dataset, batch_size=B)`` as Opacus documents it, its accountant still stating Poisson
-    sampling at q = 1/len(loader) (bugs.md row 9). Its every-update audit refutes that claim, which Opacus
+    sampling at q = 1/len(loader) (docs/bugs.md class 9). Its every-update audit refutes that claim, which Opacus
     calls "a good approximation": a known issue, with the documentation's link."""
     info = _info(
         "opacus-shuffled-batches",
@@ -321,7 +321,7 @@ VARIANTS: tuple[VariantSpec, ...] = (
         "against noise for C)",
         detectability="D3",
         notes="Opacus' UniformWithReplacementSampler with each sampled index repeated twice in its batch. "
-        "bugs.md classes row 6 D2; at two copies (the low end of its 2-10x range) this audit measured "
+        "docs/bugs.md class 6, D2; at two copies (the low end of its 2-10x range) this audit measured "
         "ε_L 0.55–1.6 at claimed ε 2 (quick profile at lr 1 and 5; benchmarks/results/detection.md) "
         "against a true ε of 4.0 (PLD), so it is D3 here: reported, not required to be caught",
     ),

@@ -1,4 +1,4 @@
-"""Deliberately buggy variants of Opacus (rows of ``bugs.md``), each a :class:`~._training.Tweak` that
+"""Deliberately buggy variants of Opacus (classes of ``docs/bugs.md``), each a :class:`~._training.Tweak` that
 changes the real Opacus code path: a subclass mixed into the DPOptimizer or the Poisson sampler that
 ``make_private`` returned (overriding ``add_noise``, ``accumulate``, ``scale_grad`` or ``__iter__`` and
 calling the library's own method through ``super()``), an attribute of Opacus' ghost-clipping module, the

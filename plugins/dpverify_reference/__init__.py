@@ -1,6 +1,6 @@
 """Reference DP-SGD: a short, plain-torch DP-SGD that the other implementations are measured against.
 
-A correct step (``bugs.md``): Poisson sampling with rate q; per-example gradient norms over all
+A correct step (``docs/bugs.md``): Poisson sampling with rate q; per-example gradient norms over all
 parameters (ghost norms: no per-example gradient is materialised); each example's loss reweighted by
 min(1, C/‖grad_i‖), so a second backward gives the sum of clipped rows; Gaussian noise N(0, σ²C²) on every
 coordinate, fresh each step; divide by the data-independent expected batch size q·N; plain SGD step.

@@ -8,7 +8,7 @@ A request with tags (UniAud++) trains the same way with a separate tag head and 
 boxes.
 ``tf-privacy-fast-clipping`` trains the same model as TF-Privacy's ``DPModel`` (``make_dp_model_class``)
 with the fast-clipping layer registry (ghost norms), with the same sampler, seeds and claim.
-The variants (rows 1-4 of ``bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
+The variants (classes 1-4 of ``docs/bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
 ``tf-privacy-keras-fixed-batches`` is the unmodified optimizer fed as TF-Privacy's tutorial feeds it:
 shuffled fixed-size batches, accounted by ``compute_dp_sgd_privacy`` as Poisson sampling (a known issue:
 its own documentation says that it "assumes Poisson subsampling, which is rarely used in practice").
@@ -41,7 +41,7 @@ _NOTES = (
     "pipeline samples each record independently with probability q every step, so the accountant's "
     "assumption holds. Normalisation: the optimizer divides the noisy sum by the number of microbatches, "
     "i.e. the batch it is handed, and has no setting for a public normaliser; with Poisson batches that is "
-    "the realised batch size, which reads the private data (bugs.md row 7: the two-world dataset-size world "
+    "the realised batch size, which reads the private data (docs/bugs.md class 7: the two-world dataset-size world "
     "separates 2 from 3 records in every run). So each step's learning rate is scaled by B_t over the "
     "designated normaliser (expected_batch_size, else qN): the update is the noisy sum over the public "
     "normaliser, TF-Privacy still clipping, noising and dividing. An empty Poisson batch (probability (1-q)^N) skips the "
@@ -131,7 +131,7 @@ class TFPrivacyKeras(Implementation):
         )
 
 
-#: What each bugs.md row breaks, whichever path carries it.
+#: What each docs/bugs.md class breaks, whichever path carries it.
 _BREAKS = {
     1: "Gaussian noise N(0, σ²C²) must be added to the sum of clipped rows every step; none is.",
     2: "Each per-example gradient row must be clipped to norm C before summing; rows pass unclipped "
@@ -145,7 +145,7 @@ _BREAKS = {
     "so an audit sees it only where one record dominates the batch).",
 }
 
-#: The buggy variants: (name, path, step, bugs.md row, detectability, how it is built).
+#: The buggy variants: (name, path, step, docs/bugs.md class, detectability, how it is built).
 _VARIANTS = (
     ("tf-privacy-no-noise", "optimizer", "no_noise", 1, "D1",
      "A GaussianSumQuery subclass returns the clipped sum instead of its noised result."),
@@ -176,8 +176,8 @@ _VARIANTS = (
 #: multi_head_attention, nlp_* only), so fast clipping has no Conv norm formula to audit.
 _LAYERS = ("embedding", "linear_3d", "layer_norm")
 
-#: The variants whose fast-clipping registry function for one layer undercounts its records' norms (bugs.md
-#: row 2 for that layer, D2): (name, step, layer, how it is built). Only their layer design audits them.
+#: The variants whose fast-clipping registry function for one layer undercounts its records' norms
+#: (docs/bugs.md class 2 for that layer, D2): (name, step, layer, how it is built). Only their layer design audits them.
 _LAYER_VARIANTS = (
     ("tf-privacy-fast-clipping-embedding-norm", "embedding_norm", "embedding",
      "The registry's Embedding function (TF-Privacy's own) takes its norm with embedding_sqr_norm_fn given each "

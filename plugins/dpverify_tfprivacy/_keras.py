@@ -325,7 +325,7 @@ def train_steps(
     leaves the weights unchanged, because TF-Privacy's DP steps cannot take a batch of size 0.
 
     TF-Privacy divides the noisy sum by the number of microbatches, the size B_t of the batch it is handed,
-    and has no setting for a public normaliser. With Poisson batches B_t is private (bugs.md row 7: the
+    and has no setting for a public normaliser. With Poisson batches B_t is private (docs/bugs.md class 7: the
     two-world dataset-size world separates 2 from 3 records in every run), so each step's learning rate
     is scaled by B_t / the designated normaliser (``DPHyperparameters.normaliser``): the update is then the
     noisy sum over the public normaliser, while TF-Privacy still clips, sums, noises and divides.
