@@ -68,7 +68,7 @@ def jax(session: nox.Session) -> None:
 @nox.session(python=PYTHON, venv_backend="venv")
 @nox.parametrize("spec", [release.spec for release in releases()], ids=[release.spec for release in releases()])
 def release(session: nox.Session, spec: str) -> None:
-    """One release's environment and gate (:func:`dpverify.releases.gate`: ``dpverify audit '<library>-*'
+    """One release's environment and gate (:func:`dpverify.release_gate.gate`: ``dpverify audit '<library>-*'
     --profile quick`` writing ``release-<package>-<version>.json``, and the paths the release lacks as n/a);
     the arguments after ``--`` go to ``dpverify audit`` (e.g. ``--report PATH``)."""
     chosen = parse_release(spec)
@@ -78,4 +78,4 @@ def release(session: nox.Session, spec: str) -> None:
         _install_family(session, chosen.library.family, own.name, *chosen.requirements)
     finally:
         os.unlink(own.name)
-    session.run("python", "-m", "dpverify.releases", "gate", chosen.spec, *session.posargs)
+    session.run("python", "-m", "dpverify.release_gate", chosen.spec, *session.posargs)

@@ -24,3 +24,12 @@ def decided_by(result: dict[str, Any]) -> str:
     steinke = lower is not None and claimed is not None and lower > claimed
     tests = [name for name, refuted in (("ε,δ", steinke), ("curve", result["curve_refuted"])) if refuted]
     return "+".join(tests) or "-"
+
+
+def report_number(result: dict[str, Any], name: str) -> str:
+    """A number field of a report entry for the table: ∞ when the entry lists it as infinite, '-' when it
+    has no value (see :meth:`dpverify.results.AuditResult.to_dict`)."""
+    if name in result.get("infinite", ()):
+        return "∞"
+    value = result[name]
+    return "-" if value is None else f"{value:.3f}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpverify.session import _fmt
+from dpverify._text import report_number
 
 #: Fields every audit entry of a report must have for a comparison (:func:`dpverify.session.audit_entry`).
 COMPARED_FIELDS = (
@@ -209,7 +209,7 @@ def _shown(entry: dict[str, Any], name: str) -> str:
         return entry["verdict"]
     if name == "curve_p_value":
         return "-" if entry[name] is None else f"{entry[name]:.3g}"
-    return _fmt(entry, name)
+    return report_number(entry, name)
 
 
 def _rise(comparison: AuditComparison) -> str:

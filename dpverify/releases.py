@@ -233,76 +233,20 @@ def parse_release(spec: str) -> Release:
     raise ValueError(f"{match.group('package')!r} is not a library dpverify gates releases of; known: {names}")
 
 
-#: How an implementation says the installed release has no such path (its ``unavailable_reason``).
-NOT_APPLICABLE = "n/a: "
-
-
-def gate(release: Release, argv: list[str]) -> int:
-    """The release gate, run inside the release's environment: ``dpverify audit`` of the library's
-    implementations at the quick profile (``argv`` added, ``--report`` defaulting to :attr:`Release.report`),
-    then :func:`record_release`. Exit status: the audit's (non-zero when a correct path is refuted without a
-    recorded finding or an audit errors), or 1 when an implementation cannot run for a reason other than a
-    path the release lacks (the library missing from the environment)."""
-    from dpverify.cli import main as audit_main
-
-    report = argv[argv.index("--report") + 1] if "--report" in argv else release.report
-    status = audit_main(["audit", release.library.implementations, "--profile", "quick", *argv, *([] if "--report" in argv else ["--report", report])])
-    broken = record_release(release, report)
-    if broken:
-        print(f"{len(broken)} implementation(s) of {release.spec} could not run: {', '.join(broken)}")
-    return 1 if broken else status
-
-
-def record_release(release: Release, report: str) -> list[str]:
-    """Print each implementation whose path the installed release lacks as an ``n/a`` line with its reason,
-    and add to ``report`` the release and installed version (``release``), those paths
-    (``not_applicable``) and each known issue's address (``issues``). Returns the implementations that
-    cannot run here for another reason."""
-    import fnmatch
-    import json
-    from importlib import metadata
-
-    from dpverify.registry import registered_implementations
-
-    pattern = release.library.implementations
-    chosen = [impl for impl in registered_implementations() if fnmatch.fnmatchcase(impl.info.name, pattern)]
-    skipped = [(impl.info.name, reason) for impl in chosen if (reason := impl.unavailable_reason())]
-    for name, reason in skipped:
-        print(f"{name}: {reason}")
-    broken = [name for name, reason in skipped if not reason.startswith(NOT_APPLICABLE)]
-    with open(report, encoding="utf-8") as stream:
-        data = json.load(stream)
-    data["release"] = {"spec": release.spec, "installed": metadata.version(release.library.package)}
-    data["issues"] = {impl.info.name: impl.info.issue for impl in chosen if impl.info.issue}
-    data["not_applicable"] = [
-        {"implementation": name, "reason": reason.removeprefix(NOT_APPLICABLE)} for name, reason in skipped if name not in broken
-    ]
-    with open(report, "w", encoding="utf-8") as stream:
-        json.dump(data, stream, indent=2, allow_nan=False)
-        stream.write("\n")
-    return broken
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m dpverify.releases SPEC``: print the release's nox session, environment, implementation
-    pattern and default report, one a line (for scripts/release.sh), or the error and exit 2.
-    ``python -m dpverify.releases gate SPEC [dpverify audit arguments]``: :func:`gate`."""
+    pattern and default report, one a line (for scripts/release.sh), or the error and exit 2."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    run_gate = bool(args) and args[0] == "gate"
-    if run_gate:
-        args = args[1:]
-    if not args or (len(args) != 1 and not run_gate):
-        print("usage: python -m dpverify.releases [gate] PACKAGE==VERSION", file=sys.stderr)
+    if len(args) != 1:
+        print("usage: python -m dpverify.releases PACKAGE==VERSION", file=sys.stderr)
         return 2
     try:
         release = parse_release(args[0])
     except ValueError as error:
         print(f"dpverify.releases: {error}", file=sys.stderr)
         return 2
-    if run_gate:
-        return gate(release, args[1:])
     print(release.session, release.envdir, release.library.implementations, release.report, sep="\n")
     return 0
 

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from dpverify._text import decided_by, deficit_text
+from dpverify._text import decided_by, deficit_text, report_number
 from dpverify.execution import Executor, ExecutorSpec
 
 if TYPE_CHECKING:
@@ -267,13 +267,13 @@ class AuditSession:
                     r["implementation"],
                     r.get("nodeid") or "-",
                     _design(r),
-                    _fmt(r, "claimed_epsilon"),
-                    _fmt(r, "epsilon_lower_bound"),
-                    _fmt(r, "curve_epsilon_lower_bound"),
+                    report_number(r, "claimed_epsilon"),
+                    report_number(r, "epsilon_lower_bound"),
+                    report_number(r, "curve_epsilon_lower_bound"),
                     "-" if r.get("curve_p_value") is None else f"{r['curve_p_value']:.2g}",
                     decided_by(r),
                     *_power_cells(r),
-                    _fmt(r, "optimal_epsilon"),
+                    report_number(r, "optimal_epsilon"),
                     f"{r['verdict']} {outcome_mark(r)}".rstrip(),
                     expected,
                     _counted_cell(r),
@@ -444,15 +444,6 @@ def _power_cells(result: dict[str, Any]) -> tuple[str, str]:
     if not power.get("deficit_stated", True):
         return rho, "not stated"
     return rho, "none" if deficit is None else deficit_text(deficit)
-
-
-def _fmt(result: dict[str, Any], name: str) -> str:
-    """A number field of a report entry for the table: ∞ when the entry lists it as infinite, '-' when it
-    has no value (see :meth:`dpverify.results.AuditResult.to_dict`)."""
-    if name in result.get("infinite", ()):
-        return "∞"
-    value = result[name]
-    return "-" if value is None else f"{value:.3f}"
 
 
 #: Longest note the table shows; the report holds the whole error.

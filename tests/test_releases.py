@@ -210,7 +210,7 @@ def test_a_gates_report_records_the_release_its_known_issues_and_the_paths_it_la
     names the installed release and the known issue's link."""
     import json
 
-    from dpverify.releases import record_release
+    from dpverify.release_gate import record_release
 
     from importlib import metadata
 
