@@ -8,7 +8,7 @@ it before any environment exists, and the contract reads its environments).
 
 from __future__ import annotations
 
-from dpverify.releases import Release, parse_release
+from dpverify.releases import Release, release_from_command_line
 
 __all__ = ["NOT_APPLICABLE", "gate", "record_release"]
 
@@ -69,15 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print("usage: python -m dpverify.release_gate PACKAGE==VERSION [dpverify audit arguments]", file=sys.stderr)
-        return 2
-    try:
-        release = parse_release(args[0])
-    except ValueError as error:
-        print(f"dpverify.release_gate: {error}", file=sys.stderr)
-        return 2
-    return gate(release, args[1:])
+    release = release_from_command_line(args, "dpverify.release_gate", " [dpverify audit arguments]")
+    return 2 if release is None else gate(release, args[1:])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ __all__ = [
     "libraries",
     "parse_release",
     "parse_version",
+    "release_from_command_line",
     "releases",
 ]
 
@@ -233,19 +234,28 @@ def parse_release(spec: str) -> Release:
     raise ValueError(f"{match.group('package')!r} is not a library dpverify gates releases of; known: {names}")
 
 
+def release_from_command_line(args: list[str], program: str, rest: str = "") -> Release | None:
+    """The release the first of ``args`` names, or ``None`` after printing ``program``'s usage (no spec, or
+    arguments after it where ``rest`` allows none) or the spec's error to standard error."""
+    import sys
+
+    if not args or (len(args) > 1 and not rest):
+        print(f"usage: python -m {program} PACKAGE==VERSION{rest}", file=sys.stderr)
+        return None
+    try:
+        return parse_release(args[0])
+    except ValueError as error:
+        print(f"{program}: {error}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m dpverify.releases SPEC``: print the release's nox session, environment, implementation
     pattern and default report, one a line (for scripts/release.sh), or the error and exit 2."""
     import sys
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m dpverify.releases PACKAGE==VERSION", file=sys.stderr)
-        return 2
-    try:
-        release = parse_release(args[0])
-    except ValueError as error:
-        print(f"dpverify.releases: {error}", file=sys.stderr)
+    release = release_from_command_line(sys.argv[1:] if argv is None else argv, "dpverify.releases")
+    if release is None:
         return 2
     print(release.session, release.envdir, release.library.implementations, release.report, sep="\n")
     return 0
