@@ -33,20 +33,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from scipy import stats
 
-from dpverify.stats.correlated import (
-    NoiseStructure,
-    bandmf_claimed_mu,
-    decorrelated_log_likelihood_ratio,
-    estimated_structure,
-    min_separation_sensitivity,
-    optimal_max_error_coefficients,
-    sensitivity,
-    tree_restart_claimed_mu,
-    whitened_statistic,
-)
+from dpverify.stats import correlated
 from dpverify.stats.scoring import subsampled_gaussian_log_likelihood_ratio
 
 STEPS = 64
@@ -58,36 +47,36 @@ SAMPLING_RATES = (0.25, 0.5)
 def mechanisms():
     """(name, structure, τ, claimed μ, participation) for each mechanism of the table."""
     for bands in (1, 4, 16):
-        coef = optimal_max_error_coefficients(bands)
-        structure = NoiseStructure.banded_toeplitz(coef, steps=STEPS)
+        coef = correlated.optimal_max_error_coefficients(bands)
+        structure = correlated.NoiseStructure.banded_toeplitz(coef, steps=STEPS)
         yield (
             f"BandMF, {bands} band{'s' * (bands > 1)} (cyclic, min-sep {bands})",
             structure,
             SIGMA * float(np.linalg.norm(coef)),
-            bandmf_claimed_mu(noise_multiplier=SIGMA, steps=STEPS, num_bands=bands),
+            correlated.bandmf_claimed_mu(noise_multiplier=SIGMA, steps=STEPS, num_bands=bands),
             np.arange(0, STEPS, bands),
         )
-    separation = 16
-    dense = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(STEPS), steps=STEPS)
+    min_sep = 16
+    dense = correlated.NoiseStructure.banded_toeplitz(correlated.optimal_max_error_coefficients(STEPS), steps=STEPS)
     yield (
-        f"dense MF (prefix-sum square root), min-sep {separation}, {STEPS // separation} participations",
+        f"dense MF (prefix-sum square root), min-sep {min_sep}, {STEPS // min_sep} participations",
         dense,
-        SIGMA * min_separation_sensitivity(dense, min_separation=separation),
+        SIGMA * correlated.min_separation_sensitivity(dense, min_separation=min_sep),
         1.0 / SIGMA,
-        np.arange(0, STEPS, separation),
+        np.arange(0, STEPS, min_sep),
     )
     for period in (None, 16):
-        structure = NoiseStructure.tree_aggregation(steps=STEPS, restart_period=period)
+        structure = correlated.NoiseStructure.tree_aggregation(steps=STEPS, restart_period=period)
         epoch = period or STEPS
         epochs = STEPS // epoch
         # the canary's place in each epoch: the one whose updates show the most
-        place = max(range(epoch), key=lambda i: sensitivity(structure, np.arange(i, STEPS, epoch)))
+        place = max(range(epoch), key=lambda i: correlated.sensitivity(structure, np.arange(i, STEPS, epoch)))
         restarts = f"restart every {period}" if period else "no restart"
         yield (
             f"DP-FTRL tree ({restarts}), once per epoch",
             structure,
             SIGMA,
-            tree_restart_claimed_mu(noise_multiplier=SIGMA, epoch_steps=[epoch] * epochs),
+            correlated.tree_restart_claimed_mu(noise_multiplier=SIGMA, epoch_steps=[epoch] * epochs),
             np.arange(place, STEPS, epoch),
         )
 
@@ -106,14 +95,14 @@ def row(name, structure, tau, claimed, participation, *, canaries: int, rng) -> 
     released = member[:, None] * u + tau * rng.standard_normal((canaries, STEPS)) @ inverse.T
     gradients = np.broadcast_to(u, released.shape)
     untouched = tau * rng.standard_normal((UNTOUCHED_PER_STEP * STEPS, STEPS)) @ inverse.T
-    stated = whitened_statistic(released, gradients, structure=structure, noise_stddev=tau)
-    estimated = whitened_statistic(released, gradients, structure=estimated_structure(untouched), noise_stddev=1.0)
+    stated = correlated.whitened_statistic(released, gradients, structure=structure, noise_stddev=tau)
+    estimated = correlated.whitened_statistic(released, gradients, structure=correlated.estimated_structure(untouched), noise_stddev=1.0)
     count = u.sum()
     return {
         "mechanism": name,
         "steps taken": int(count),
         "claimed μ": claimed,
-        "decorrelated μ": sensitivity(structure, participation) / tau,
+        "decorrelated μ": correlated.sensitivity(structure, participation) / tau,
         "simulated": separation(stated, member),
         "estimated C": separation(estimated, member),
         "naive μ": count / (tau * np.linalg.norm(inverse.T @ u)),
@@ -144,8 +133,8 @@ def auc_mu_standard_error(mu: float, canaries: int) -> float:
 
 
 def poisson_row(bands: int, q: float, *, canaries: int, rng) -> dict:
-    coef = optimal_max_error_coefficients(bands)
-    structure = NoiseStructure.banded_toeplitz(coef, steps=STEPS)
+    coef = correlated.optimal_max_error_coefficients(bands)
+    structure = correlated.NoiseStructure.banded_toeplitz(coef, steps=STEPS)
     tau = SIGMA * float(np.linalg.norm(coef))
     slots = np.zeros(STEPS)
     slots[::bands] = 1.0
@@ -161,11 +150,24 @@ def poisson_row(bands: int, q: float, *, canaries: int, rng) -> dict:
         "q": q,
         "claimed": auc_mu(subsampled_gaussian_log_likelihood_ratio(ones, claimed, noise_multiplier=SIGMA, sampling_rate=q), member),
         "decorrelated": auc_mu(
-            decorrelated_log_likelihood_ratio(released, gradients, structure=structure, noise_stddev=tau, sampling_rate=q), member
+            correlated.decorrelated_log_likelihood_ratio(released, gradients, structure=structure, noise_stddev=tau, sampling_rate=q), member
         ),
         "naive": auc_mu(subsampled_gaussian_log_likelihood_ratio(gradients, released, noise_multiplier=tau, sampling_rate=q), member),
         "final": auc_mu(released.sum(axis=1), member),
     }
+
+
+SIMULATED_VALUES = (
+    "claimed μ", "decorrelated μ", "simulated", "estimated C", "naive μ", "naive simulated", "final-model μ", "final simulated"
+)
+SIMULATED_SHARES = ("decorrelated μ", "naive μ", "final-model μ")
+POISSON_SHARES = ("decorrelated", "naive", "final")
+
+
+def table_row(result: dict, leading: list[str], *, values, claimed: str, shares) -> str:
+    """A markdown row: the leading cells, then ``values`` to 3 decimals and ``shares`` of the claimed one."""
+    cells = leading + [f"{result[key]:.3f}" for key in values] + [f"{result[key] / result[claimed]:.2f}" for key in shares]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
@@ -198,13 +200,10 @@ def main() -> None:
         "| final-model μ | final simulated | decorrelated / claimed | naive / claimed | final / claimed |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        cells = [r["mechanism"], str(r["steps taken"])] + [
-            f"{r[key]:.3f}"
-            for key in ("claimed μ", "decorrelated μ", "simulated", "estimated C", "naive μ", "naive simulated", "final-model μ", "final simulated")
-        ]
-        cells += [f"{r[key] / r['claimed μ']:.2f}" for key in ("decorrelated μ", "naive μ", "final-model μ")]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        table_row(r, [r["mechanism"], str(r["steps taken"])], values=SIMULATED_VALUES, claimed="claimed μ", shares=SIMULATED_SHARES)
+        for r in rows
+    ]
     lines += [
         "",
         "Reading: *decorrelated / claimed* is the share of the claimed μ the every-update adversary can reach "
@@ -218,11 +217,16 @@ def main() -> None:
         "| naive / claimed | final / claimed |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in poisson:
-        cells = [r["mechanism"], f"{r['q']:g}", f"{r['claimed']:.3f}", f"{auc_mu_standard_error(r['claimed'], args.canaries):.3f}"]
-        cells += [f"{r[k]:.3f}" for k in ("decorrelated", "naive", "final")]
-        cells += [f"{r[k] / r['claimed']:.2f}" for k in ("decorrelated", "naive", "final")]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        table_row(
+            r,
+            [r["mechanism"], f"{r['q']:g}", f"{r['claimed']:.3f}", f"{auc_mu_standard_error(r['claimed'], args.canaries):.3f}"],
+            values=POISSON_SHARES,
+            claimed="claimed",
+            shares=POISSON_SHARES,
+        )
+        for r in poisson
+    ]
     lines += [
         "",
         "The claimed mechanism and the releases are simulated apart, so the decorrelated ratio differs from 1 "
