@@ -29,6 +29,13 @@ S. The claim of a library bounds the worst case of that over its participation p
   (``compute_rdp_tree_restart``) counts the whole tree, ⌊log₂ P⌋ + 1 nodes per epoch of P steps, which
   the updates do not all show: :func:`tree_restart_claimed_mu` is the claim, ‖C u_S‖/σ what it reaches.
 
+Units: clip norms, the released update divided by the clipped sum's sensitivity s. JAX-Privacy's
+``clipped_grad`` divides the sum by ``normalize_by`` and reports s = (1 with ``rescale_to_unit_norm``, else
+``l2_clip_norm``)/``normalize_by`` (twice that under REPLACE_ONE; the plan's default accountant is
+REPLACE_SPECIAL), and the plan's privatizer adds noise of stddev σ·s·‖coef‖ — so τ = σ·‖coef‖, or σ with
+``column_normalize`` (unit-norm coef, unit columns). TF-Privacy's tree adds node noise σ·``l2_norm_clip``
+to the clipped sum before the optimizer divides by ``num_microbatches``: τ = σ.
+
 Layout: as :class:`~dpverify.canaries.updates.DiracUpdates` reads them, one row per canary and one column
 per step: ``released`` (m, T) or (m, T, K) with K the coordinates a canary owns (a Dirac canary's column
 of the softmax weights), ``gradients`` of the same shape.
