@@ -15,6 +15,8 @@ import pytest
 
 from dpverify.stats.correlated import (
     NoiseStructure,
+    _tree_epochs,
+    _tree_restart_noise_map,
     bandmf_claimed_mu,
     canary_mu,
     decorrelated_log_likelihood_ratio,
@@ -222,8 +224,6 @@ def test_the_estimated_structure_scores_like_the_stated_one():
 def test_the_tree_structure_whitens_tf_privacys_residual_noise():
     """The tree's C whitens the noise of its own replayed map: σ·C·L has identity covariance."""
     structure = NoiseStructure.tree_aggregation(steps=13, restart_period=5, restart_warmup=2)
-    from dpverify.stats.correlated import _tree_epochs, _tree_restart_noise_map
-
     assert _tree_epochs(13, 5, 2) == [2, 5, 5, 1]
     noise_map = _tree_restart_noise_map(13, _tree_epochs(13, 5, 2))
     whitened = structure.strategy @ noise_map
