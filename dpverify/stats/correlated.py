@@ -1,0 +1,378 @@
+r"""Correlated noise as the adversary of every update sees it: the strategy, its sensitivity, and the
+decorrelating Neyman–Pearson score.
+
+Matrix-factorization training (JAX-Privacy's BandMF and ``matrix_factorization_privatizer``, TF-Privacy's
+DP-FTRL with tree aggregation) releases, per model coordinate, the update sequence
+
+.. math::
+
+    y = G + \tau\, C^{-1} Z, \qquad Z \sim N(0, I_T),
+
+where G (steps T) stacks the clipped, summed gradients in clip norms, C (T × T, lower-triangular) is the
+strategy (encoder) and τ the noise standard deviation in clip norms. The release is post-processing of
+the Gaussian mechanism x ↦ Cx + τZ (multiply by the public C^{-1}), and conversely the adversary that sees
+every update sees Cy = CG + τZ: it can decorrelate. A canary whose clipped gradient at step t is g_t
+(zero at the steps it cannot take part in) moves the whitened release by C·g, so its sensitivity is ‖Cg‖
+and its Gaussian-DP μ is ‖Cg‖/τ; with a unit gradient at the steps S, ‖C u_S‖/τ, the column sums of C over
+S. The claim of a library bounds the worst case of that over its participation pattern:
+
+- BandMF (``BandMFExecutionPlanConfig``): C banded Toeplitz from ``strategy`` coefficients, τ = σ·‖coef‖
+  (the largest column norm), cyclic Poisson batches every ``num_bands`` steps, and
+  ``amplified_bandmf_event`` composes ⌈T/b⌉ Poisson-sampled Gaussians of σ: μ = √⌈T/b⌉/σ before
+  amplification. Columns b or more steps apart are orthogonal, so the per-participation parts are
+  independent (:func:`min_separation_sensitivity` is then exact).
+- A dense ``matrix_factorization_privatizer``: C as given, τ = σ·sens(C) with the library's min-separation
+  sensitivity for several participations, one ``GaussianDpEvent(σ)``: μ = 1/σ.
+- DP-FTRL (``DPFTRLTreeAggregationOptimizer``): TF-Privacy's efficient tree (Honaker) releases the
+  residual of noisy prefix sums, so the updates' noise is σ·L·Z with L the tree's linear map; its C is
+  the inverse of L Lᵀ's Cholesky factor (:meth:`NoiseStructure.tree_aggregation`). The accountant
+  (``compute_rdp_tree_restart``) counts the whole tree, ⌊log₂ P⌋ + 1 nodes per epoch of P steps, which
+  the updates do not all show: :func:`tree_restart_claimed_mu` is the claim, ‖C u_S‖/σ what it reaches.
+
+Units: clip norms, the released update divided by the clipped sum's sensitivity s. JAX-Privacy's
+``clipped_grad`` divides the sum by ``normalize_by`` and reports s = (1 with ``rescale_to_unit_norm``, else
+``l2_clip_norm``)/``normalize_by`` (twice that under REPLACE_ONE; the plan's default accountant is
+REPLACE_SPECIAL), and the plan's privatizer adds noise of stddev σ·s·‖coef‖ — so τ = σ·‖coef‖, or σ with
+``column_normalize`` (unit-norm coef, unit columns). TF-Privacy's tree adds node noise σ·``l2_norm_clip``
+to the clipped sum before the optimizer divides by ``num_microbatches``: τ = σ.
+
+Layout: as :class:`~dpverify.canaries.updates.DiracUpdates` reads them, one row per canary and one column
+per step: ``released`` (m, T) or (m, T, K) with K the coordinates a canary owns (a Dirac canary's column
+of the softmax weights), ``gradients`` of the same shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpverify._validation import check_int, check_real
+from dpverify.stats.scoring import subsampled_gaussian_log_likelihood_ratio
+
+__all__ = [
+    "NoiseStructure",
+    "bandmf_claimed_mu",
+    "canary_mu",
+    "decorrelated_log_likelihood_ratio",
+    "estimated_structure",
+    "min_separation_sensitivity",
+    "optimal_max_error_coefficients",
+    "sensitivity",
+    "tree_restart_claimed_mu",
+    "whitened_statistic",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class NoiseStructure:
+    r"""The strategy C (T × T, lower-triangular, finite, non-zero diagonal) whose inverse correlates the
+    released updates' noise: y = G + τ C^{-1} Z (module docstring). Build it with the constructor named
+    for what a library ships; the matrix is validated at the door and kept read-only."""
+
+    strategy: np.ndarray
+
+    def __post_init__(self) -> None:
+        c = np.array(self.strategy, dtype=np.float64)
+        if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] == 0:
+            raise ValueError(f"strategy must be a square (steps × steps) matrix, got shape {np.shape(self.strategy)}")
+        if not np.all(np.isfinite(c)):
+            raise ValueError("strategy must be finite, got NaN or infinite entries")
+        above = np.triu(c, k=1)
+        if np.any(above != 0):
+            i, j = np.argwhere(above != 0)[0]
+            raise ValueError(
+                f"strategy must be lower-triangular (noise at a step cannot depend on later steps), got "
+                f"{c[i, j]:g} at row {i}, column {j}"
+            )
+        diagonal = np.abs(np.diag(c))
+        if np.any(diagonal <= np.finfo(float).eps * max(1.0, float(np.abs(c).max()))):
+            raise ValueError(
+                f"strategy must be invertible, got a zero diagonal entry at step {int(np.argmin(diagonal))}"
+            )
+        c.setflags(write=False)
+        object.__setattr__(self, "strategy", c)
+
+    @property
+    def steps(self) -> int:
+        return self.strategy.shape[0]
+
+    @classmethod
+    def dense(cls, strategy) -> "NoiseStructure":
+        """A dense strategy C, as ``matrix_factorization_privatizer`` takes it (its noising matrix is C⁻¹)."""
+        return cls(strategy=np.asarray(strategy, dtype=np.float64))
+
+    @classmethod
+    def independent(cls, *, steps: int) -> "NoiseStructure":
+        """C = I: DP-SGD's independent noise."""
+        return cls(strategy=np.eye(check_int("steps", steps, low=1)))
+
+    @classmethod
+    def banded_toeplitz(cls, coefficients, *, steps: int, column_normalize: bool = False) -> "NoiseStructure":
+        """JAX-Privacy's banded Toeplitz strategy (``toeplitz.materialize_lower_triangular``; BandMF's
+        ``strategy``): C[i, j] = coef[i − j] for 0 ≤ i − j < len(coef). ``column_normalize`` rescales each
+        column to unit norm, as ``inverse_as_streaming_matrix(coef, column_normalize_for_n=steps)`` does."""
+        steps = check_int("steps", steps, low=1)
+        coef = np.asarray(coefficients, dtype=np.float64)
+        if coef.ndim != 1 or coef.size == 0:
+            raise ValueError(f"coefficients must be a non-empty 1-D array, got shape {coef.shape}")
+        if coef.size > steps:
+            raise ValueError(f"coefficients must number at most steps={steps} (the bands), got {coef.size}")
+        lag = np.subtract.outer(np.arange(steps), np.arange(steps))
+        padded = np.concatenate([coef, np.zeros(steps - coef.size)])
+        c = np.where(lag >= 0, padded[np.clip(lag, 0, steps - 1)], 0.0)
+        if column_normalize:
+            norms = np.linalg.norm(c, axis=0)
+            c = c / np.where(norms > 0, norms, 1.0)
+        return cls(strategy=c)
+
+    @classmethod
+    def tree_aggregation(
+        cls, *, steps: int, restart_period: int | None = None, restart_warmup: int | None = None
+    ) -> "NoiseStructure":
+        r"""TF-Privacy's DP-FTRL (``DPFTRLTreeAggregationOptimizer``): ``TreeResidualSumQuery`` with the
+        efficient (Honaker) tree, restarted as ``PeriodicRoundRestartIndicator(period, warmup)`` does.
+
+        Step t releases x_t + N_t − N_{t−1}, N_t the tree's noise of the prefix sum up to t (N = 0 before
+        a tree's first step), with N_t = Σ_levels w_l·node_l, w_l = 1/(2 − 2^{−l}) and each new node
+        ½(left + right) + fresh noise (``EfficientTreeAggregator``). That is linear in the unit Gaussians
+        the tree draws: the updates' noise is σ·L·Z. Its covariance L Lᵀ = M Mᵀ (Cholesky, M
+        lower-triangular), and C = M⁻¹ whitens it exactly; τ is the library's σ (clip norms)."""
+        steps = check_int("steps", steps, low=1)
+        noise_map = _tree_restart_noise_map(steps, _tree_epochs(steps, restart_period, restart_warmup))
+        cholesky = np.linalg.cholesky(noise_map @ noise_map.T)
+        return cls(strategy=np.tril(np.linalg.inv(cholesky)))
+
+
+def optimal_max_error_coefficients(bands: int) -> np.ndarray:
+    """The leading ``bands`` coefficients of the Toeplitz square root of the prefix sum (Fichtenberger,
+    Henzinger and Upadhyay; JAX-Privacy's ``toeplitz.optimal_max_error_strategy_coefs``), a decaying strategy
+    to band."""
+    k = np.arange(check_int("bands", bands, low=1), dtype=np.float64)
+    ratios = np.ones_like(k)
+    ratios[1:] = (2 * k[1:] - 1) / (2 * k[1:])
+    return np.cumprod(ratios)
+
+
+def _tree_epochs(steps: int, period: int | None, warmup: int | None) -> list[int]:
+    """The lengths of the trees between restarts (``PeriodicRoundRestartIndicator``: a restart after call
+    n when n mod period == warmup)."""
+    if period is None:
+        if warmup is not None:
+            raise ValueError(f"restart_warmup needs a restart_period, got restart_warmup={warmup} and no period")
+        return [steps]
+    period = check_int("restart_period", period, low=1)
+    if warmup is not None:
+        check_int("restart_warmup", warmup, low=1, high=period - 1)
+    ends = [n for n in range(1, steps + 1) if n % period == (warmup or 0)]
+    bounds = [0] + ends + ([steps] if not ends or ends[-1] != steps else [])
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def _tree_restart_noise_map(steps: int, epochs: list[int]) -> np.ndarray:
+    """L (steps × draws): the updates' noise in unit Gaussians, one efficient tree per epoch."""
+    blocks = []
+    for length in epochs:
+        prefix = _efficient_tree_prefix_noise(length)
+        blocks.append(np.diff(prefix, axis=0, prepend=np.zeros((1, prefix.shape[1]))))
+    out = np.zeros((steps, sum(b.shape[1] for b in blocks)))
+    row = column = 0
+    for block in blocks:
+        out[row : row + block.shape[0], column : column + block.shape[1]] = block
+        row, column = row + block.shape[0], column + block.shape[1]
+    return out
+
+
+def _efficient_tree_prefix_noise(steps: int) -> np.ndarray:
+    """N_t (steps × draws) of ``EfficientTreeAggregator``, replayed on coefficient vectors."""
+    draws = 2 * steps + 1
+    unit = np.eye(draws)
+    buffer: list[tuple[int, np.ndarray]] = [(0, unit[0])]  # (level, node) from the lowest level
+    drawn = 1
+    rows = []
+    for _ in range(steps):
+        rows.append(sum(node / (2.0 - 0.5**level) for level, node in buffer))
+        new, drawn = unit[drawn], drawn + 1
+        level = 0
+        while level < len(buffer) and buffer[level][0] == level:
+            new = 0.5 * (buffer[level][1] + new) + unit[drawn]
+            drawn += 1
+            level += 1
+        buffer = [(level, new)] + buffer[level:]
+    return np.array(rows)[:, :drawn]
+
+
+def sensitivity(structure: NoiseStructure, participation) -> float:
+    """‖C u_S‖: the whitened shift of one unit contribution at each step of ``participation`` (step indices
+    or a boolean mask over the steps)."""
+    return float(np.linalg.norm(structure.strategy @ _indicator(structure.steps, participation)))
+
+
+def _indicator(steps: int, participation) -> np.ndarray:
+    given = np.asarray(participation)
+    if given.dtype == bool:
+        if given.shape != (steps,):
+            raise ValueError(f"a participation mask must have shape ({steps},), got {given.shape}")
+        return given.astype(np.float64)
+    indices = given.astype(np.int64).ravel()
+    if indices.size == 0 or np.any(indices < 0) or np.any(indices >= steps) or np.unique(indices).size != indices.size:
+        raise ValueError(f"participation must name distinct steps in [0, {steps}), got {given.tolist()}")
+    u = np.zeros(steps)
+    u[indices] = 1.0
+    return u
+
+
+def min_separation_sensitivity(
+    structure: NoiseStructure, *, min_separation: int, max_participations: int | None = None
+) -> float:
+    r"""The largest ‖C u_S‖ over S with steps at least ``min_separation`` apart (BandMF's cyclic Poisson:
+    min_separation = num_bands) and at most ``max_participations`` of them (default ⌈T/min_separation⌉),
+    for unit contributions of any direction.
+
+    ‖C Σ_{i∈S} e_i g_iᵀ‖²_F = Σ_{i,j∈S} X_ij ⟨g_i, g_j⟩ with X = CᵀC. When X_ij = 0 for |i − j| ≥
+    min_separation (C with at most min_separation bands) this is Σ_{i∈S} X_ii, maximised exactly by a
+    dynamic programme over S (the VecSens of Choquette-Choo et al., 2023). Otherwise the bound
+    Σ_{i,j∈S} |X_ij| ≤ max_S Σ_{i∈S} max_{S'} Σ_{j∈S'} |X_ij| is returned, as JAX-Privacy's
+    ``get_min_sep_sensitivity_upper_bound`` computes it."""
+    steps = structure.steps
+    min_separation = check_int("min_separation", min_separation, low=1, high=steps)
+    limit = -(-steps // min_separation)
+    if max_participations is not None:
+        limit = min(limit, check_int("max_participations", max_participations, low=1))
+    gram = structure.strategy.T @ structure.strategy
+    lag = np.abs(np.subtract.outer(np.arange(steps), np.arange(steps)))
+    if np.all(gram[lag >= min_separation] == 0):
+        return math.sqrt(_best_separated_sum(np.diag(gram), min_separation, limit))
+    rows = np.array([_best_separated_sum(row, min_separation, limit) for row in np.abs(gram)])
+    return math.sqrt(_best_separated_sum(rows, min_separation, limit))
+
+
+def _best_separated_sum(values: np.ndarray, separation: int, limit: int) -> float:
+    """max Σ_{i∈S} values_i over S with gaps ≥ separation and |S| ≤ limit (values ≥ 0 here)."""
+    best = np.zeros(values.size + separation)
+    for _ in range(limit):
+        best[: values.size] = values + best[separation:]
+        best = np.maximum.accumulate(best[::-1])[::-1]
+    return float(best[0])
+
+
+def bandmf_claimed_mu(*, noise_multiplier: float, steps: int, num_bands: int) -> float:
+    """μ of ``amplified_bandmf_event`` before amplification: ⌈T/b⌉ Gaussians of σ, √⌈T/b⌉/σ (a record in
+    every batch of its group; Poisson sampling at rate q is the curve's amplification, not μ's)."""
+    sigma = check_real("noise_multiplier", noise_multiplier, low=0.0, low_open=True)
+    rounds = -(-check_int("steps", steps, low=1) // check_int("num_bands", num_bands, low=1))
+    return math.sqrt(rounds) / sigma
+
+
+def tree_restart_claimed_mu(*, noise_multiplier: float, epoch_steps) -> float:
+    """μ of ``compute_rdp_tree_restart``: a Gaussian of sensitivity² Σ_epochs (⌊log₂ P⌋ + 1) and σ."""
+    sigma = check_real("noise_multiplier", noise_multiplier, low=0.0, low_open=True)
+    depths = [math.floor(math.log2(check_int("epoch_steps", p, low=1))) + 1 for p in np.atleast_1d(epoch_steps)]
+    return math.sqrt(sum(depths)) / sigma
+
+
+def _checked_pair(released, gradients, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    released = np.asarray(released, dtype=np.float64)
+    gradients = np.asarray(gradients, dtype=np.float64)
+    if released.shape != gradients.shape:
+        raise ValueError(f"released and gradients must have one shape, got {released.shape} and {gradients.shape}")
+    if released.ndim not in (2, 3) or released.shape[1] != steps:
+        raise ValueError(
+            f"released must be (canaries, steps={steps}) or (canaries, steps={steps}, coordinates), got {released.shape}"
+        )
+    if not (np.all(np.isfinite(released)) and np.all(np.isfinite(gradients))):
+        raise ValueError("released and gradients must be finite, got NaN or infinite values")
+    if released.ndim == 2:
+        return released[:, :, None], gradients[:, :, None]
+    return released, gradients
+
+
+def _whiten(structure: NoiseStructure, series: np.ndarray) -> np.ndarray:
+    """C applied along the steps of (m, T, K) series."""
+    return np.einsum("ts,msk->mtk", structure.strategy, series)
+
+
+def canary_mu(gradients, *, structure: NoiseStructure, noise_stddev: float) -> np.ndarray:
+    """Each canary's μ = ‖C g‖_F/τ if it takes part in every step where its gradient is non-zero."""
+    tau = check_real("noise_stddev", noise_stddev, low=0.0, low_open=True)
+    g = np.asarray(gradients, dtype=np.float64)
+    _, g = _checked_pair(g, g, structure.steps)
+    return np.sqrt(np.sum(_whiten(structure, g) ** 2, axis=(1, 2))) / tau
+
+
+def whitened_statistic(released, gradients, *, structure: NoiseStructure, noise_stddev: float) -> np.ndarray:
+    r"""Each canary's z = ⟨Cg, Cy⟩_F/(τ‖Cg‖_F): N(0, 1) for a canary that took no part, N(μ, 1) with
+    μ = ‖Cg‖_F/τ for one that took part in every step of g (module docstring); 0 where g = 0.
+
+    Why: Cy = CG + τZ with Z white, so the log-likelihood ratio of "Cg was added" is
+    ⟨Cg, Cy⟩/τ² − ‖Cg‖²/(2τ²) = μz − μ²/2, a monotone function of z (Neyman–Pearson). Equivalently
+    z = gᵀΣ⁻¹y/√(gᵀΣ⁻¹g) with Σ = τ²(CᵀC)⁻¹ the updates' noise covariance. With K coordinates per canary
+    (a Dirac canary's column) the inner products run over steps and coordinates, so a gradient whose
+    direction changes between steps is scored exactly; (m, T) input is the case K = 1, exact when the
+    canary's direction is the same at every step."""
+    tau = check_real("noise_stddev", noise_stddev, low=0.0, low_open=True)
+    y, g = _checked_pair(released, gradients, structure.steps)
+    signal = _whiten(structure, g)
+    norm = np.sqrt(np.sum(signal**2, axis=(1, 2)))
+    inner = np.sum(signal * _whiten(structure, y), axis=(1, 2))
+    return np.divide(inner, tau * norm, out=np.zeros_like(inner), where=norm > 0)
+
+
+def decorrelated_log_likelihood_ratio(
+    released, gradients, *, structure: NoiseStructure, noise_stddev: float, sampling_rate: float = 1.0
+) -> np.ndarray:
+    r"""Each canary's log-likelihood ratio of "member" against "non-member" from every released update,
+    under the stated structure; with C = I it is today's
+    :func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio` exactly.
+
+    ``gradients`` are the canary's clipped gradients (clip norms) at each step it may take part in and 0
+    elsewhere (for cyclic Poisson, the steps of its group); a member takes part in each independently with
+    probability q = ``sampling_rate``.
+
+    - q = 1: μz − μ²/2 with z, μ of :func:`whitened_statistic`, the Neyman–Pearson score.
+    - q < 1: the steps' whitened projections r_i = (Ce_i)ᵀ(Cy)g_i/(‖Ce_i‖‖g_i‖) ~ N(‖Ce_i‖‖g_i‖·1{i∈S}, τ²)
+      enter Σ_i log(1 − q + q·exp((c_i r_i − c_i²/2)/τ²)), c_i = ‖Ce_i‖‖g_i‖. When the columns Ce_i of the
+      canary's steps are orthogonal (BandMF at min-separation ≥ num_bands) the r_i are independent and the
+      rest of Cy is pure noise, so this is the exact likelihood ratio; otherwise it is a valid score that
+      ignores the steps' overlap (a wrong model costs power, never soundness)."""
+    q = check_real("sampling_rate", sampling_rate, low=0.0, high=1.0, low_open=True)
+    tau = check_real("noise_stddev", noise_stddev, low=0.0, low_open=True)
+    if q == 1:
+        z = whitened_statistic(released, gradients, structure=structure, noise_stddev=tau)
+        mu = canary_mu(gradients, structure=structure, noise_stddev=tau)
+        return mu * z - mu**2 / 2
+    y, g = _checked_pair(released, gradients, structure.steps)
+    c = structure.strategy
+    back = np.einsum("ts,mtk->msk", c, _whiten(structure, y))  # Cᵀ C y, one row per step
+    gradient_norm = np.linalg.norm(g, axis=2)
+    signal = np.linalg.norm(c, axis=0)[None, :] * gradient_norm
+    along = np.sum(back * g, axis=2)
+    projection = np.divide(along, signal, out=np.zeros_like(along), where=signal > 0)
+    return subsampled_gaussian_log_likelihood_ratio(signal, projection, noise_multiplier=tau, sampling_rate=q)
+
+
+def estimated_structure(untouched) -> NoiseStructure:
+    r"""The structure the noise itself shows in coordinates no record touches, for when none is stated.
+
+    ``untouched`` (K, T): the released update sequences of K coordinates that no record's gradient reaches,
+    pure noise i.i.d. across coordinates with covariance Σ = τ²(CᵀC)⁻¹. The empirical Σ̂ = UᵀU/K (the mean
+    is known to be 0) = M̂M̂ᵀ (Cholesky), and Ĉ = M̂⁻¹ whitens the updates to unit noise: score with
+    ``noise_stddev=1``. The plug-in statistic is N(0, 1) only as K/T grows (its variance is about
+    1 + T/K), so give K ≫ T; K ≤ T leaves Σ̂ singular and raises."""
+    u = np.asarray(untouched, dtype=np.float64)
+    if u.ndim != 2:
+        raise ValueError(f"untouched must be (coordinates, steps), got shape {u.shape}")
+    if u.shape[0] <= u.shape[1]:
+        raise ValueError(
+            f"estimating the noise's correlation over {u.shape[1]} steps needs more untouched coordinates than "
+            f"steps, got {u.shape[0]} (give many more: the estimate's error scales as steps/coordinates)"
+        )
+    if not np.all(np.isfinite(u)):
+        raise ValueError("untouched must be finite, got NaN or infinite values")
+    covariance = u.T @ u / u.shape[0]
+    try:
+        cholesky = np.linalg.cholesky(covariance)
+    except np.linalg.LinAlgError:
+        raise ValueError("the untouched coordinates' noise is degenerate (its covariance is singular): is it noise?") from None
+    return NoiseStructure(strategy=np.tril(np.linalg.inv(cholesky)))
