@@ -24,6 +24,7 @@ __all__ = [
     "UPDATE_SCORES",
     "WORLD_BUGS",
     "WORLD_KINDS",
+    "WORLD_READS",
     "BATCH_SIZE_NORMALISED",
     "TwoWorldConfig",
     "TwoWorlds",
@@ -418,6 +419,29 @@ WORLD_BUGS: dict[str, tuple[int, ...]] = {
     "realised_batch": (7,),
     "microbatch": (11,),
     "worst_case_record": (6, 12),
+}
+
+#: What the score of each world that states no power of its own reads, and so what its pass vouches for (a
+#: world whose score reads the differing record's pull, :data:`RECORD_SCORES`, states its ρ and k* instead).
+WORLD_READS: dict[str, str] = {
+    "dataset_size": (
+        "this world's score reads the spread of the outputs on the copies' point: the noise's scale after the "
+        "step's division, which a correct implementation keeps the same in both worlds. It catches a "
+        "normaliser, sampling rate or step count derived from the dataset's size; it states no noise deficit "
+        "(a deficit shrinks the noise in both worlds alike)"
+    ),
+    "realised_batch": (
+        "this world's score reads the spread of the outputs: the noise's scale in each step, which a correct "
+        "implementation keeps the same in both worlds. It catches a noisy sum divided by the sampled batch's "
+        "size; it states no noise deficit (a deficit shrinks the noise in both worlds alike)"
+    ),
+    "fixed_batch": (
+        "this world's score reads each released update along the canary's direction against the batches "
+        "the sampler forms: it reads the batch sampler, not the noise. It catches fixed-size batches of a "
+        "shuffled dataset accounted as Poisson sampling; it states no noise deficit, and a Poisson trainer "
+        "that adds too little noise, or none, is not what it catches (the one-run and every-update audits "
+        "test the noise)"
+    ),
 }
 
 
