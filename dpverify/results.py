@@ -258,8 +258,9 @@ class AuditResult:
             head += f" {self.claim_derivation}."
         if self.test_accuracy is not None:
             head += f" Test accuracy of the audited model: {self.test_accuracy:.2%}."
-        if self.power is not None:
-            head += f" {self.power_sentence()}"
+        power = self.power_sentence()
+        if power:
+            head += f" {power}"
         if self.verdict == "violation":
             return head + (
                 f" Refuted by {self.decided_by}."
