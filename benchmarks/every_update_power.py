@@ -6,7 +6,7 @@ simulated every-update audits (the likelihood-ratio score, the audit's own decis
 refute, ``dpverify.stats.update_power``). Real implementations: the gate's every-update audit, its verdict,
 ρ and the CPU seconds of its power (ρ and the blindness check) beside the whole audit's. Hand-overs: the
 reference DP-SGD handing over honestly (with and without its noise), and, adding no noise, a frozen copy of its
-initial parameters, another honest run's updates, half its steps or its weight alone
+initial parameters, another honest run's updates, its first four steps or its weight alone
 (tests/test_every_update_handover.py).
 
     PYTHONPATH=$PWD:$PWD/plugins .venvs/torch/bin/python benchmarks/every_update_power.py
@@ -37,7 +37,7 @@ DELTA = 1e-5
 FRACTIONS = (0.1, 0.12, 0.14, 0.15, 0.16, 0.18, 0.2, 0.5, 1.0)
 IMPLEMENTATIONS = ("reference-dpsgd", "opacus-ghost", "tf-privacy-keras")
 #: (hand-over, noise): honest with and without its noise, and each wrong hand-over by a trainer adding none.
-HAND_OVERS = (("honest", 1.0), ("honest", 0.0), ("frozen", 0.0), ("foreign", 0.0), ("first_half", 0.0), ("weight_only", 0.0))
+HAND_OVERS = (("honest", 1.0), ("honest", 0.0), ("frozen", 0.0), ("foreign", 0.0), ("first_four_steps", 0.0), ("weight_only", 0.0))
 
 
 def catch_rows(gate, claim: ClaimedRun) -> list[str]:
@@ -75,10 +75,10 @@ def audit_row(name: str, implementation, gate) -> str:
     result = run_audit(implementation, gate)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     power = result.power
-    rho = "-" if power is None else f"{power.signal_fraction:.2f} ({power.signal_low:.2f}–{power.signal_high:.2f})"
+    rho = "-" if power is None else f"{power.signal_fraction:.3g} ({power.signal_low:.3g}–{power.signal_high:.3g})"
     spent = "-" if power is None else f"{power_cpu_seconds(result, gate):.1f}"
     note = result.not_run or result.blind or ""
-    return f"| {name} | {result.verdict} | {rho} | {spent} | {cpu:.1f} | {wall:.0f} | {note[:160]} |"
+    return f"| {name} | {result.verdict} | {rho} | {spent} | {cpu:.1f} | {wall:.0f} | {note[:300]} |"
 
 
 def main() -> None:

@@ -35,8 +35,8 @@ def _frozen(observe):
     return relay
 
 
-def _first_half(observe):
-    """Stops handing over half-way through training."""
+def _first_four_steps(observe):
+    """Hands over the first four steps' parameters only (half of the test's 8 steps)."""
     return lambda step, parameters: observe(step, parameters) if step <= 4 else None
 
 
@@ -45,7 +45,7 @@ def _weight_only(observe):
     return lambda step, parameters: observe(step, parameters[:1])
 
 
-HAND_OVERS = {"frozen": _frozen, "first_half": _first_half, "weight_only": _weight_only}
+HAND_OVERS = {"frozen": _frozen, "first_four_steps": _first_four_steps, "weight_only": _weight_only}
 
 
 @dataclass
@@ -117,7 +117,7 @@ def test_a_noiseless_trainer_handing_over_another_honest_runs_updates_is_not_run
 
 @pytest.mark.parametrize(
     "hand_over, reason",
-    [("first_half", "parameters of 4 of the 8 steps"), ("weight_only", r"got shapes ((10, 1000),) after step 0")],
+    [("first_four_steps", "parameters of 4 of the 8 steps"), ("weight_only", r"got shapes ((10, 1000),) after step 0")],
 )
 def test_a_partial_hand_over_is_not_run_never_an_error_nor_a_pass(hand_over, reason):
     result = run_audit(ReferenceHandingOver(hand_over=hand_over, noise=0.0), _config(4))
