@@ -1,6 +1,7 @@
 """What an every-update pass states, and what it refuses to read: its signal fraction, its blindness check and the hand-over check.
 
-Catch: at the gate's every-update setting, whether a 10× noise deficit is caught where the canaries carry a
+Claimed: ρ of the likelihood-ratio score on canaries drawn from exactly the claimed mechanism, what a correct
+implementation's ρ is measured against. Catch: at the gate's every-update setting, whether a 10× noise deficit is caught where the canaries carry a
 fraction ρ of the claimed signal, by the one-run model (``one_run_catches``, the participation sum) and by
 simulated every-update audits (the likelihood-ratio score, the audit's own decision; the share of 14 that
 refute, ``dpverify.stats.update_power``). Real implementations: the gate's every-update audit, its verdict,
@@ -29,6 +30,7 @@ from dpverify.config import EVERY_UPDATE_SETTING, every_update_config
 from dpverify.registry import get_implementation
 from dpverify.stats.curves import ClaimedRun
 from dpverify.stats.power import LARGEST_DEFICIT, every_update_detection, gdp_mu, measure_power, one_run_catches, separation
+from dpverify.stats.scoring import subsampled_gaussian_log_likelihood_ratio
 from dpverify.stats.update_power import CATCH_AUDITS, every_update_catches
 from tests.test_every_update_handover import ReferenceHandingOver
 
@@ -51,6 +53,20 @@ def catch_rows(gate, claim: ClaimedRun) -> list[str]:
                                        delta=DELTA, confidences=confidences, audits=CATCH_AUDITS,
                                        rng=np.random.default_rng(1))  # fmt: skip
         rows.append(f"| {fraction:g} | {'caught' if one_run else 'not caught'} | {share * CATCH_AUDITS:.0f} of {CATCH_AUDITS} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def claimed_separation_rows() -> list[str]:
+    """ρ of the likelihood-ratio score on 20 000 canaries drawn from exactly the claimed mechanism (σ = 1)."""
+    rng, rows = np.random.default_rng(0), []
+    for q, steps in ((0.1, 80), (0.1, 20), (0.25, 8), (1.0, 8)):
+        run, m = ClaimedRun(noise_multiplier=1.0, sampling_rate=q, steps=steps), 20_000
+        bits = rng.choice(np.array([-1, 1]), size=m)
+        shown = ((rng.random((m, steps)) < q) & (bits == 1)[:, None]) + rng.standard_normal((m, steps))
+        scores = subsampled_gaussian_log_likelihood_ratio(np.ones_like(shown), shown, noise_multiplier=1.0, sampling_rate=q)
+        measured = separation(scores, bits)
+        rows.append(f"| {q:g} | {steps} | {gdp_mu(run):.3f} | {measured.mu / gdp_mu(run):.3f} ({measured.low / gdp_mu(run):.3f}–{measured.high / gdp_mu(run):.3f}) |")
         print(rows[-1], flush=True)
     return rows
 
@@ -90,6 +106,7 @@ def main() -> None:
     gate = every_update_config("quick", {"device": "cpu"}).with_overrides(confidence=LEVEL, seed=0)
     hp = gate.hyperparameters
     claim = ClaimedRun(noise_multiplier=hp.noise_multiplier, sampling_rate=hp.sampling_rate, steps=hp.steps)
+    claimed = claimed_separation_rows()
     catch = catch_rows(gate, claim)
     real = []
     for name in args.implementations:
@@ -111,6 +128,12 @@ def main() -> None:
         f"canaries, C = {hp.max_grad_norm:g}, per-audit confidence {LEVEL:.5f}, seed 0",
         "",
         __doc__.split("\n\n")[1].replace("\n", " "),
+        "",
+        "## ρ of the claimed mechanism itself (the score's separation over the claim's GDP μ)",
+        "",
+        "| q | steps | GDP μ (central limit at q < 1) | ρ (95 % interval) |",
+        "|---|---|---|---|",
+        *claimed,
         "",
         f"## Is a {LARGEST_DEFICIT:g}× noise deficit caught at signal fraction ρ?",
         "",

@@ -81,9 +81,9 @@ class ReferenceHandingOver(Implementation):
 
 
 def _config(seed: int) -> AuditConfig:
-    """Every update of 8 steps at q = 1/4 and σ = 1, two pooled runs of 1000 Dirac canaries: the least where a
-    10× noise deficit is caught at half the claimed signal in 10 of 10 simulated audits (at 2 × 200, in 2 of
-    10 at the full signal)."""
+    """Every update of 8 steps at q = 1/4 and σ = 1, two pooled runs of 1000 Dirac canaries: twice the size at
+    which a 10× noise deficit at half the claimed signal was caught in 10 of 10 simulated audits (2 × 500; at
+    2 × 200, in 2 of 10 at the full signal, so that a correct trainer's pass would be blind)."""
     return profile_config("quick", observe="every_update", m=2000, pooled_runs=2, sampling_rate=0.25, epochs=2,
                           noise_multiplier=1.0, sides="one", device="cpu", seed=seed)  # fmt: skip
 

@@ -391,8 +391,8 @@ def expected_signal(config: AuditSettings) -> float | None:
     measured: Dirac canaries in softmax regression, Dirac token canaries in the zero-initialised
     transformer or a layer design's owning canaries, the inclusion design, at full batch (where the claimed
     μ is exact) get :data:`DIRAC_SIGNAL_FLOOR`, and so does the every-update audit at any q: its score is the
-    claim's own likelihood ratio, which separates by 0.96–1.0 of the claimed μ in simulation of the claimed
-    mechanism and by 0.95–0.99 in the bundled libraries at the gate's setting
+    claim's own likelihood ratio, which separates by 0.975–1.005 of the claimed μ in simulation of the claimed
+    mechanism and by 0.97–0.98 in reference-dpsgd, opacus-ghost and tf-privacy-keras at the gate's setting
     (benchmarks/results/every-update-power.md). Elsewhere ``None``: the pair design carries about 0.76 at the
     quick profile but 0.17 in a drawn configuration of reference-dpsgd, so no floor is known there."""
     canaries, architecture = getattr(config, "canaries", None), getattr(config, "architecture", None)

@@ -4,7 +4,8 @@ noise deficit where its canaries carry a fraction ρ of the claimed signal.
 Its score is each canary's likelihood ratio over the steps, not the participation sum that
 :func:`~dpverify.stats.power.one_run_catches` simulates, and the two disagree near the edge: at the gate's
 every-update setting (16 × 2500 canaries, q = 0.1, 80 steps, σ = 1) the one-run model says a 10× deficit is
-caught from ρ = 0.15, where simulated every-update audits refute 0 of 14 (benchmarks/results/every-update-power.md).
+caught from ρ = 0.16, where simulated every-update audits refute 0 of 14 (14 of 14 from ρ = 0.2:
+benchmarks/results/every-update-power.md).
 So the every-update audit's own decision is simulated on its own scores
 (:func:`~dpverify.stats.power.every_update_detection` with the signal fraction ρ), seeded so that a
 configuration always says the same. No k* is stated for it: none has been checked against its real deficits.
