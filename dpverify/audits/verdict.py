@@ -30,7 +30,8 @@ from dpverify.contract import Implementation, Request, TrainedModel
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict, result_without_bound
 from dpverify.stats.bounds import epsilon_lower_bound
 from dpverify.stats.curves import ClaimedRun, combined_curve_test, combined_refutes, curve_refutes, curve_test
-from dpverify.stats.power import AuditPower, judge, measure_power, one_run_catches, one_run_deficit
+from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, one_run_catches, one_run_deficit, separation
+from dpverify.stats.update_power import every_update_catches
 from dpverify.stats.scoring import GuessRule, correct_counts
 
 
@@ -271,9 +272,6 @@ def concluded_result(
     failures: list[tuple[str, str]] = []
     # The claim check can only turn a verdict into a violation: should it fail, the tests' verdict stands.
     inconsistency = beside_verdict("claim check", lambda: claim_inconsistency(trained.claim), failures)
-    # An every-update score is a likelihood ratio over the steps, not the participation sum k*'s model
-    # simulates: its power is not stated rather than predicted from the wrong distribution.
-    every_update = getattr(config, "observe", "final_model") == "every_update"
     simulated = dict(
         run_sizes=tested.run_sizes,
         guess_rule=config.guess_rule,
@@ -281,19 +279,13 @@ def concluded_result(
         delta=delta,
         confidences=split_confidence(tested.confidence),
     )
-    # k* where its model is validated; elsewhere only whether a LARGEST_DEFICIT-fold deficit is caught.
-    deficit = (
-        {"smallest_deficit": lambda fraction: one_run_deficit(tested.run, fraction=fraction, **simulated)}
-        if deficit_modelled(config)
-        else {"catches_largest": lambda fraction: one_run_catches(tested.run, fraction=fraction, **simulated)}
-    )
     verdict, power = power_beside_verdict(
         verdict,
-        lambda: None if every_update else measure_power(
+        lambda: measure_power(
             tested.run,
             scores,
             membership,
-            **deficit,
+            **_deficit_question(config, tested, simulated),
             expected_signal=expected_signal(config),
             not_designated=not_designated,
         ),
@@ -331,6 +323,26 @@ def concluded_result(
     )
 
 
+def _deficit_question(config: AuditSettings, tested: LookOutcome, simulated: dict[str, Any]) -> dict[str, Callable[[float], Any]]:
+    """What :func:`~dpverify.stats.power.measure_power` asks of a noise deficit: k* where its model is
+    validated (:func:`deficit_modelled`); elsewhere only whether a LARGEST_DEFICIT-fold deficit is caught, by
+    the one-run model or, for an every-update audit, by its own simulated audits
+    (:func:`~dpverify.stats.update_power.every_update_catches`), asked first at ρ's lower limit: caught there,
+    it is caught at ρ too, and one simulation answers both questions."""
+    run = tested.run
+    if deficit_modelled(config):
+        return {"smallest_deficit": lambda fraction: one_run_deficit(run, fraction=fraction, **simulated)}
+    if getattr(config, "observe", "final_model") != "every_update":
+        return {"catches_largest": lambda fraction: one_run_catches(run, fraction=fraction, **simulated)}
+    catches = every_update_catches(
+        run, run_sizes=tested.run_sizes, guess_rule=config.guess_rule, delta=tested.delta, confidences=simulated["confidences"]
+    )
+    low = separation(tested.scores, tested.membership).low / gdp_mu(run)
+    if low > 0:
+        catches(low)
+    return {"catches_largest": catches}
+
+
 def power_beside_verdict(
     verdict: str, measure: Callable[[], AuditPower | None], failures: list[tuple[str, str]]
 ) -> tuple[str, AuditPower | None]:
@@ -357,10 +369,14 @@ DIRAC_SIGNAL_FLOOR = 0.5
 def deficit_modelled(config: AuditSettings) -> bool:
     """Whether k* is stated for ``config``'s design: Dirac canaries in softmax regression, the inclusion
     design, where a canary's score is its participations times its clipped gradient plus the noise
-    (:mod:`dpverify.stats.power`), checked against real noise deficits (benchmarks/results/kstar-validation.md)."""
+    (:mod:`dpverify.stats.power`), checked against real noise deficits (benchmarks/results/kstar-validation.md).
+    Not for the every-update audit: its score is a likelihood ratio over the steps, not that sum, and no k*
+    has been checked against its real deficits, so k* is "not stated" (:mod:`dpverify.stats.update_power`
+    says whether it would catch a LARGEST_DEFICIT-fold deficit)."""
     architecture = getattr(config, "architecture", None)
     return (
-        getattr(config, "design", None) == "inclusion"
+        getattr(config, "observe", "final_model") == "final_model"
+        and getattr(config, "design", None) == "inclusion"
         and getattr(getattr(config, "canaries", None), "mode", None) == "dirac"
         and getattr(architecture, "hidden_width", None) == 0
     )
@@ -370,7 +386,10 @@ def expected_signal(config: AuditSettings) -> float | None:
     """The least signal fraction a correct implementation's scores carry in ``config``'s design, where it is
     measured: Dirac canaries in softmax regression, Dirac token canaries in the zero-initialised
     transformer or a layer design's owning canaries, the inclusion design, at full batch (where the claimed
-    μ is exact) get :data:`DIRAC_SIGNAL_FLOOR`. Elsewhere ``None``: the pair design carries about 0.76 at the
+    μ is exact) get :data:`DIRAC_SIGNAL_FLOOR`, and so does the every-update audit at any q: its score is the
+    claim's own likelihood ratio, which separates by 0.975–1.005 of the claimed μ in simulation of the claimed
+    mechanism and by 0.97–0.98 in reference-dpsgd, opacus-ghost and tf-privacy-keras at the gate's setting
+    (benchmarks/results/every-update-power.md). Elsewhere ``None``: the pair design carries about 0.76 at the
     quick profile but 0.17 in a drawn configuration of reference-dpsgd, so no floor is known there."""
     canaries, architecture = getattr(config, "canaries", None), getattr(config, "architecture", None)
     hyperparameters = getattr(config, "hyperparameters", None)
@@ -381,7 +400,7 @@ def expected_signal(config: AuditSettings) -> float | None:
     if (
         getattr(config, "design", None) == "inclusion"
         and (dirac or layer)
-        and getattr(hyperparameters, "sampling_rate", None) == 1.0
+        and (getattr(hyperparameters, "sampling_rate", None) == 1.0 or getattr(config, "observe", None) == "every_update")
     ):
         return DIRAC_SIGNAL_FLOOR
     return None

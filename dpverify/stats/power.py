@@ -476,6 +476,7 @@ def every_update_detection(
     confidences: tuple[float, float],
     audits: int,
     rng: np.random.Generator,
+    signal: float = 1.0,
 ) -> float:
     """The share of ``audits`` simulated every-update audits of Dirac canaries that the audit's own decision
     refutes when the run ``claim`` states was in fact ``truth`` (its σ, q and steps): every canary of each
@@ -484,14 +485,15 @@ def every_update_detection(
     a/√(a² + 1)), scored by its log-likelihood ratio under ``claim``
     (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`) and tested against ``claim``'s
     ε at ``delta`` and its curve. With ``truth == claim`` the scores come from exactly the claimed
-    mechanism: the null simulation of design rule 9."""
+    mechanism: the null simulation of design rule 9. ``signal`` < 1: a sampled member's step shows only that
+    fraction of its clipped gradient, s_t = signal + σ·Z (canaries that carry a fraction ρ of the claimed signal)."""
     caught, claimed_epsilon = 0, claim.epsilon(delta)
     for _ in range(audits):
         bits = [rng.choice(np.array([-1, 1], dtype=np.int8), size=m) for m in run_sizes]
         scores = []
         for m, b in zip(run_sizes, bits):
             sampled = (rng.random((m, truth.steps)) < truth.sampling_rate) & (b == 1)[:, None]
-            shown = sampled + truth.noise_multiplier * rng.standard_normal((m, truth.steps))
+            shown = signal * sampled + truth.noise_multiplier * rng.standard_normal((m, truth.steps))
             scores.append(
                 subsampled_gaussian_log_likelihood_ratio(
                     np.ones_like(shown), shown, noise_multiplier=claim.noise_multiplier, sampling_rate=claim.sampling_rate
