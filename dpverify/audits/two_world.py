@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from dpverify._validation import check_int, check_probability
-from dpverify.audits.claims import claimed_epsilon, claimed_run
+from dpverify.audits.claims import claimed_epsilon, claimed_numbers, claimed_run
 from dpverify.audits.planning import (
     DesignatedClaim,
     Progress,
@@ -29,6 +29,7 @@ from dpverify.audits.planning import (
 )
 from dpverify.audits.training import (
     AuditFailure,
+    NotRun,
     designated_model_defect,
     in_task_order,
     query_black_box,
@@ -381,8 +382,7 @@ def run_two_world_audit(
             claim = outcome.claim
             claimed_deltas.add(claim.delta)
             not_designated = not_designated or outcome.not_designated
-            key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
-                   claim.relation)  # fmt: skip
+            key = claimed_numbers(claim)
             if key not in converted:  # converting a claim may run an accountant: once per distinct claim
                 converted[key] = claimed_epsilon(outcome, world.relation)
                 curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
@@ -404,7 +404,8 @@ def run_two_world_audit(
                 )
     except AuditFailure as failure:
         cause = f"{implementation.info.name}: {failure.cause}"
-        not_run = isinstance(failure, UpdatesNotHandedOver)  # nothing to judge: not run, never a pass
+        # Nothing to judge (no updates handed over, a claim the world cannot test): not run, never a pass.
+        not_run = isinstance(failure, (UpdatesNotHandedOver, NotRun))
         return TwoWorldResult(
             **common,
             claimed_epsilon=math.nan,
