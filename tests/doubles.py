@@ -267,16 +267,15 @@ def _per_record_gradients(params: list[np.ndarray], features: np.ndarray, onehot
 
 
 def event_claim(*, noise_multiplier: float, steps: int, delta: float, relation: str) -> PrivacyClaim:
-    """A claim of the full-batch Gaussian mechanism stated as a dp_accounting event, with the event's own ε
-    in ``relation`` (dp_accounting's PLD), as JAX-Privacy states its runs."""
+    """A claim of the full-batch Gaussian mechanism stated as a dp_accounting event, as JAX-Privacy states its
+    runs, with its exact GDP ε in ``relation`` (which every dp_accounting release can state, whether or not
+    it accounts that relation)."""
     import dp_accounting
-
-    from dpverify.stats.events import EventRun
 
     event = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(1.0, dp_accounting.GaussianDpEvent(noise_multiplier)), steps
     )
-    epsilon = EventRun(event=event, relation=relation).epsilon(delta)
+    epsilon = ClaimedRun(noise_multiplier=noise_multiplier, steps=steps, relation=relation).epsilon(delta)
     return PrivacyClaim(epsilon=epsilon, delta=delta, accountant="test-event", relation=relation, dp_event=event)
 
 
