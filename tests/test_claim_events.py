@@ -9,6 +9,7 @@ are ``undecided`` with the reason, which is tested too.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -164,3 +165,31 @@ def test_event_claims_keep_the_curve_of_their_relation():
         alpha = np.array([0.01, 0.1, 0.5])
         exact = stats.norm.cdf(stats.norm.ppf(1 - alpha) - mu)
         assert np.all(curve(alpha) <= exact + 1e-9) and np.allclose(curve(alpha), exact, atol=2e-3)
+
+
+# -- the one-run audit reads an event claim's curve from dp_accounting -----------------------------------
+
+
+def _event_claiming(implementation):
+    """``implementation`` stating its own DP-SGD numbers as the event they build instead."""
+    from dpverify.contract import TrainedModel
+
+    class EventClaiming(type(implementation)):
+        def train(self, request):
+            trained = super().train(request)
+            claim = dataclasses.replace(
+                trained.claim, noise_multiplier=None, sampling_rate=None, steps=None, dp_event=trained.claim.event
+            )
+            return TrainedModel(predict_log_proba=trained.predict_log_proba, claim=claim, device="cpu")
+
+    return EventClaiming(**{f.name: getattr(implementation, f.name) for f in dataclasses.fields(implementation)})
+
+
+def test_the_one_run_audit_refutes_an_event_claim_far_below_the_truth_by_its_event_curve():
+    from dpverify.audits import run_audit
+    from tests.doubles import GaussianMechanism
+    from tests.test_audit import small_config
+
+    result = run_audit(_event_claiming(GaussianMechanism(claimed_epsilon=4.0, signal=20.0)), small_config(m=300, sampling_rate=1.0))
+    assert result.verdict == "violation" and result.curve_refuted
+    assert "by dp_accounting's PLD accountant" in result.claim_derivation
