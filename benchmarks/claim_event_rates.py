@@ -1,6 +1,7 @@
 """Refutation rates of event claims (PrivacyClaim.dp_event) through the two-world audit, per relation: the
 full-batch Gaussian mechanism (tests/doubles.py's WorldGaussianMechanism) claiming its own σ (truth) and twice
-it (too strong), on the worst-case-record world, 200 runs per world, level 0.05, seeds 0..N-1.
+it (too strong), on the worst-case-record world, 200 runs per world, level 0.05, seeds 0..N-1; the audit's
+default curve (a full-batch event claim's own, by dp_accounting's PLD).
 
 Usage: KERAS_BACKEND=jax PYTHONPATH=.:plugins .venvs/jax/bin/python benchmarks/claim_event_rates.py SEEDS
 """
@@ -11,7 +12,7 @@ import sys
 
 from scipy import stats
 
-from dpverify.audits.two_world import claimed_curve, run_two_world_audit
+from dpverify.audits.two_world import run_two_world_audit
 from dpverify.canaries.worlds import worst_case_record_worlds
 from dpverify.contract import DPHyperparameters
 from tests.doubles import WorldGaussianMechanism
@@ -39,7 +40,6 @@ def main(seeds: int) -> None:
                     runs=200,
                     hyperparameters=DPHyperparameters(noise_multiplier=sigma, sampling_rate=1.0, epochs=1, delta=1e-5),
                     seed=seed,
-                    curve_for_claim=claimed_curve,
                 ).verdict
                 for seed in range(seeds)
             ]

@@ -1,7 +1,7 @@
 """Claims stated as dp_accounting events (``PrivacyClaim.dp_event``), tested in their own neighbouring relation.
 
-The audits here run through the real two-world audit (:func:`run_two_world_audit`) on the worst-case-record
-world, with :class:`~tests.doubles.WorldGaussianMechanism`, the full-batch Gaussian mechanism itself. Its
+The audits here run through the real two-world audit (:func:`run_two_world_audit`, its default curve: the
+full-batch event's own) on the worst-case-record world, with :class:`~tests.doubles.WorldGaussianMechanism`, the full-batch Gaussian mechanism itself. Its
 claim is the same mechanism's event at the true σ (true) or at twice it (too strong: σ claimed 2× above the
 truth). Replace-one and zero-out events need dp_accounting >= 0.5 (the jax family's 0.6); under 0.4 they
 are ``undecided`` with the reason, which is tested too.
@@ -19,7 +19,7 @@ dp_accounting = pytest.importorskip("dp_accounting")
 
 from dpverify.audits.claims import claim_in_relation, claim_inconsistency, relation_gap  # noqa: E402
 from dpverify.audits.training import ClaimNotTestable  # noqa: E402
-from dpverify.audits.two_world import claimed_curve, run_two_world_audit  # noqa: E402
+from dpverify.audits.two_world import full_batch_gdp_curve, run_two_world_audit  # noqa: E402
 from dpverify.canaries.worlds import WORLDS, worst_case_record_worlds  # noqa: E402
 from dpverify.contract import DPHyperparameters, PrivacyClaim  # noqa: E402
 from dpverify.stats.curves import ClaimedRun  # noqa: E402
@@ -54,7 +54,6 @@ def _audit(claim_relation: str, world_relation: str, *, claimed_factor: float, s
         hyperparameters=DPHyperparameters(noise_multiplier=sigma, sampling_rate=1.0, epochs=1, delta=1e-5),
         seed=seed,
         confidence=confidence,
-        curve_for_claim=claimed_curve,
     )
 
 
@@ -152,6 +151,13 @@ def test_an_event_claim_with_twice_the_true_noise_is_refuted_in_its_relation(cla
     _needs(claimed)
     result = _audit(claimed, world, claimed_factor=2.0)
     assert result.verdict == "violation", (result.verdict, result.epsilon_lower_bound, result.claimed_epsilon)
+
+
+def test_a_full_batch_event_claim_asserts_its_event_curve_by_default_and_another_event_none():
+    claim = event_claim(noise_multiplier=1.0, steps=2, delta=1e-5, relation="add_remove")
+    assert full_batch_gdp_curve(claim, "add_remove") is EventRun(event=claim.dp_event).curve()
+    laplace = PrivacyClaim(epsilon=2.0, delta=1e-5, accountant="x", dp_event=dp_accounting.LaplaceDpEvent(1.0))
+    assert full_batch_gdp_curve(laplace, "add_remove") is None
 
 
 def test_event_claims_keep_the_curve_of_their_relation():

@@ -82,7 +82,15 @@ def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
 
 def full_batch_gdp_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve | None:
     """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts of its
-    final model."""
+    final model. A claim stated as a DP-SGD event at full batch asserts its event's curve (dp_accounting's
+    PLD, the same μ-GDP curve up to its discretisation)."""
+    if claim.dp_event is not None:
+        run = claimed_run(claim, relation)
+        try:
+            full_batch = run.sampling_rate == 1
+        except ValueError:  # not DP-SGD: no default curve, as for q < 1
+            return None
+        return run.curve() if full_batch else None
     mu = full_batch_gdp_mu(claim, relation)
     return None if mu is None else gdp_curve(mu)
 
