@@ -199,3 +199,14 @@ def test_the_one_run_audit_refutes_an_event_claim_far_below_the_truth_by_its_eve
     result = run_audit(_event_claiming(GaussianMechanism(claimed_epsilon=4.0, signal=20.0)), small_config(m=300, sampling_rate=1.0))
     assert result.verdict == "violation" and result.curve_refuted
     assert "by dp_accounting's PLD accountant" in result.claim_derivation
+
+
+def test_the_two_world_design_chooses_its_worlds_relation_among_those_the_world_can_build():
+    from dpverify.config import AuditConfig, apply_overrides
+
+    config = apply_overrides(AuditConfig(), {"design": "two_world", "world": "worst_case_record", "relation": "replace_one"})
+    assert config.relation == "replace_one" and config.worlds.worlds().relation == "replace_one"
+    with pytest.raises(ValueError, match="dataset_size world's datasets are add_remove neighbours only"):
+        apply_overrides(AuditConfig(), {"design": "two_world", "world": "dataset_size", "relation": "replace_one"})
+    with pytest.raises(ValueError, match="relation sets the two-world design's neighbours"):
+        apply_overrides(AuditConfig(), {"design": "inclusion", "relation": "replace_one"})

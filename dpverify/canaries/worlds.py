@@ -519,15 +519,22 @@ class TwoWorldConfig:
     """The two-world design's part of an audit: the crafted ``world`` (a registered :class:`World`, see
     :func:`world_names` and their constructors), ``records`` in D, the model's
     ``outputs`` (classes) and ``runs`` trainings on each of D and D′. The defaults are the setting that finds Opacus #571: 2 vs 3
-    records and 1024 outputs, 60 runs per world. Add/remove neighbours."""
+    records and 1024 outputs, 60 runs per world. ``relation``: how D and D′ neighbour, one of the world's
+    :attr:`World.relations` (add/remove by default; the worst-case record also replace-one)."""
 
     world: str = "dataset_size"
     runs: int = 60
     records: int = 2
     outputs: int = 1024
+    relation: str = "add_remove"
 
     def __post_init__(self) -> None:
         check_choice("world", self.world, world_names())
+        relations = WORLDS[self.world].relations
+        if self.relation not in relations:
+            raise ValueError(
+                f"the {self.world} world's datasets are {' or '.join(relations)} neighbours only, got relation={self.relation!r}"
+            )
         check_int("runs", self.runs, low=2)
         check_int("records", self.records, low=1)
         check_int("outputs", self.outputs, low=2)
@@ -535,4 +542,6 @@ class TwoWorldConfig:
 
     def worlds(self) -> TwoWorlds:
         """The two datasets this part designates."""
-        return WORLDS[self.world].maker(records=self.records, num_classes=self.outputs)
+        world = WORLDS[self.world]
+        chosen = {"relation": self.relation} if len(world.relations) > 1 else {}
+        return world.maker(records=self.records, num_classes=self.outputs, **chosen)
