@@ -3,7 +3,8 @@ full-batch Gaussian mechanism (tests/doubles.py's WorldGaussianMechanism) claimi
 it (too strong), on the worst-case-record world, 200 runs per world, level 0.05, seeds 0..N-1; the audit's
 default curve (a full-batch event claim's own, by dp_accounting's PLD).
 
-Usage: KERAS_BACKEND=jax PYTHONPATH=.:plugins .venvs/jax/bin/python benchmarks/claim_event_rates.py SEEDS
+Usage: KERAS_BACKEND=jax PYTHONPATH=.:plugins .venvs/jax/bin/python benchmarks/claim_event_rates.py SEEDS [FACTOR ...]
+(the claimed σ over the true one; default 1 and 2)
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ def interval(k: int, n: int) -> tuple[float, float]:
     return low, high
 
 
-def main(seeds: int) -> None:
+def main(seeds: int, factors: tuple[float, ...]) -> None:
     print("| claim relation | world | claimed σ / true σ | refuted | of | 95 % CP interval | verdicts |")
     print("|---|---|---|---|---|---|---|")
     for claimed, world in CASES:
         sigma = SIGMA[world]
-        for factor in (1.0, 2.0):
+        for factor in factors:
             verdicts = [
                 run_two_world_audit(
                     WorldGaussianMechanism(noise_multiplier=sigma, claimed_noise=factor * sigma, relation=claimed),
@@ -50,4 +51,4 @@ def main(seeds: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), tuple(float(f) for f in sys.argv[2:]) or (1.0, 2.0))
