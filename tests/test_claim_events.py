@@ -210,3 +210,16 @@ def test_the_two_world_design_chooses_its_worlds_relation_among_those_the_world_
         apply_overrides(AuditConfig(), {"design": "two_world", "world": "dataset_size", "relation": "replace_one"})
     with pytest.raises(ValueError, match="relation sets the two-world design's neighbours"):
         apply_overrides(AuditConfig(), {"design": "inclusion", "relation": "replace_one"})
+
+
+def test_an_events_family_scales_every_noise_multiplier_it_holds():
+    step = dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(2.0))
+    event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(step, 3), dp_accounting.LaplaceDpEvent(4.0)])
+    member = EventRun(event=event).with_noise(1.0).member_event  # the reference σ is the first: 2 -> 1 halves all
+    halved = dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.0)), 3), dp_accounting.LaplaceDpEvent(2.0)]
+    )
+    assert member == halved
+    assert EventRun(event=event).epsilon(1e-5) < EventRun(event=event).with_noise(1.0).epsilon(1e-5)
+    with pytest.raises(ValueError, match="not DP-SGD"):
+        EventRun(event=event).steps
