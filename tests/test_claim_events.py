@@ -223,3 +223,21 @@ def test_an_events_family_scales_every_noise_multiplier_it_holds():
     assert EventRun(event=event).epsilon(1e-5) < EventRun(event=event).with_noise(1.0).epsilon(1e-5)
     with pytest.raises(ValueError, match="not DP-SGD"):
         EventRun(event=event).steps
+
+
+def test_a_claim_untestable_in_the_design_that_contradicts_its_own_numbers_is_still_a_violation():
+    """bugs.md row 10 (opacus-replace-one-claim): an add/remove ε stated as replace-one, audited by the
+    add/remove inclusion design, which cannot test a replace-one claim but still reads its numbers."""
+    from dpverify.audits import run_audit
+    from tests.doubles import GaussianMechanism
+    from tests.test_audit import small_config
+
+    class ReplaceOneClaim(GaussianMechanism):
+        def train(self, request):
+            trained = super().train(request)
+            claim = dataclasses.replace(trained.claim, relation="replace_one")
+            return dataclasses.replace(trained, claim=claim)
+
+    result = run_audit(ReplaceOneClaim(claimed_epsilon=2.0), small_config(m=200, sampling_rate=1.0))
+    assert result.verdict == "violation" and not result.claim_consistent
+    assert "contradicts its own numbers" in result.claim_derivation
