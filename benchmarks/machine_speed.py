@@ -28,7 +28,7 @@ RUN, RUN_SIZES, EXPECTED = ClaimedRun(noise_multiplier=1.2, steps=10), (10_000,)
 def main() -> None:
     started = time.process_time()
     found = refuted_separation(
-        RUN, run_sizes=RUN_SIZES, guess_rule=GuessRule(), claimed_epsilon=RUN.epsilon(1e-5), delta=1e-5, confidences=(0.999, 0.999)
+        RUN, run_sizes=RUN_SIZES, guess_rule=GuessRule(), claimed_epsilon=RUN.epsilon(1e-5), delta=1e-5, confidence=0.998
     )
     seconds = time.process_time() - started
     if found != EXPECTED:
