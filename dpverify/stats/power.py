@@ -427,7 +427,8 @@ def measure_power(
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
     :func:`separation`; k* at ρ's lower limit capped at :data:`CLAIMED_SIGNAL`,
     ``smallest_deficit(ρ)``·ρ/min(ρ_low, 1) (detection depends on k only through k·ρ, so this is k* of the
-    capped limit; a k* of 1 there scales up, erring larger; never below the claimed mechanism's); and why a
+    capped limit; where k* at ρ is the floor 1, ``smallest_deficit`` is asked at the capped limit itself;
+    never below the claimed mechanism's); and why a
     pass could not see (``blind``): the scores do not separate at all; ρ's whole interval lies below
     ``expected_signal`` (what the design carries in a correct implementation; ``None``: not known for this
     design); or it would catch no deficit up to
@@ -451,7 +452,12 @@ def measure_power(
     promised_at = min(low, CLAIMED_SIGNAL)
     if smallest_deficit is not None:
         deficit = smallest_deficit(fraction) if math.isfinite(fraction) else math.inf
-        promised = _deficit(deficit * fraction / promised_at) if low > 0 and math.isfinite(deficit) else math.inf
+        if not (low > 0 and math.isfinite(deficit)):
+            promised = math.inf
+        elif deficit > 1:  # k·ρ is what detection reads: scaled from ρ to the capped limit exactly
+            promised = _deficit(deficit * fraction / promised_at)
+        else:  # k* at ρ is the floor 1, which says too little to scale: asked at the capped limit itself
+            promised = smallest_deficit(promised_at)
     else:
         deficit = math.inf if not (math.isfinite(fraction) and catches_largest(fraction)) else None
         promised = math.inf if deficit is not None or not (low > 0 and catches_largest(promised_at)) else None
