@@ -148,10 +148,10 @@ def _run_correct(decision: AuditDecision, scores: np.ndarray, membership: np.nda
 
 
 def decide_verdict(
-    config: AuditSettings, lower_bound: float, claimed: float, m: int, *, delta: float, curve: CurveOutcome, decidable: bool
+    config: AuditSettings, lower_bound: float, claimed: float, *, delta: float, curve: CurveOutcome, decidable: bool
 ) -> tuple[str, int | None]:
     """``(verdict, canaries needed)``: violation when ε_L exceeds the claim or the curve test refutes the
-    claimed curve; undecided when neither test could ever refute it at this m with its share of the level
+    claimed curve; undecided when neither test could ever refute it at the audit's m with its share of the level
     (``decidable`` false: :class:`~dpverify.stats.decision.AuditDecision`), with the m that would decide
     the (ε, δ) test at the claim's ``delta``; else pass. A NaN claim or ε_L is an :class:`AuditFailure`,
     never a verdict."""
@@ -166,10 +166,10 @@ def decide_verdict(
 
 @dataclass(frozen=True)
 class LookOutcome:
-    """Both tests of an audit's pooled runs at one look's ``confidence`` (:mod:`dpverify.stats.looks`): the
-    runs' ``scores`` and ``membership`` end to end, the (ε, δ) test's ``outcome``, the curve test's
-    ``curve``, the ``verdict`` they give (with ``needed`` canaries when undecided) and the ``decision``
-    they were made by (the claim's mechanism, its δ, the runs' sizes and each test's level)."""
+    """Both tests of an audit's pooled runs at one look (:mod:`dpverify.stats.looks`): the runs' ``scores``
+    and ``membership`` end to end, the (ε, δ) test's ``outcome``, the curve test's ``curve``, the
+    ``verdict`` they give (with ``needed`` canaries when undecided) and the ``decision`` they were made by
+    (the claim's mechanism, its δ, the runs' sizes, the look's confidence and each test's share of it)."""
 
     scores: np.ndarray
     membership: np.ndarray
@@ -177,7 +177,6 @@ class LookOutcome:
     curve: CurveOutcome
     verdict: str
     needed: int | None
-    confidence: float
     decision: AuditDecision
 
 
@@ -192,10 +191,9 @@ def tested_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: f
     )
     curve = curve_outcome(outcome, decision, scores=scores, membership=membership)
     verdict, needed = decide_verdict(
-        config, outcome.epsilon_lower_bound, claimed, int(sum(decision.run_sizes)), delta=decision.delta, curve=curve,
-        decidable=decision.decidable,
-    )  # fmt: skip
-    return LookOutcome(scores, membership, outcome, curve, verdict, needed, confidence, decision)
+        config, outcome.epsilon_lower_bound, claimed, delta=decision.delta, curve=curve, decidable=decision.decidable
+    )
+    return LookOutcome(scores, membership, outcome, curve, verdict, needed, decision)
 
 
 def refuted_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: float, confidence: float) -> bool:
@@ -255,7 +253,7 @@ def concluded_result(
         guess_rule=config.guess_rule,
         claimed_epsilon=claimed,
         delta=delta,
-        confidence=tested.confidence,
+        confidence=decision.confidence,
     )
     # k* where its model is validated; elsewhere only whether a LARGEST_DEFICIT-fold deficit is caught.
     deficit = (

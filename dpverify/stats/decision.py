@@ -12,9 +12,10 @@ when neither can even then, the audit is out of reach (undecided) and the split 
 only m, the runs' sizes, the guess grid, the level and the claim, never a score, so each test keeps its
 share's error rate and the union bound keeps the audit's level.
 
-Why: the (ε, δ) test's ceiling ε_O falls to 0 once 2mδ is near 1 (16 runs of 2500 every-update canaries at
-δ = 10⁻⁵ claim ε 6.3 against an ε_O of 3.9 at the whole of a 95 % level), so half the level spent on it
-would refute nothing.
+Why: the (ε, δ) test's ceiling ε_O falls as 2mδ grows and as the level shrinks. The every-update gate's
+16 runs of 2500 canaries at δ = 10⁻⁵ claim ε 6.3, against an ε_O of 3.9 at the whole of a 95 % level and 0
+at a gate's per-audit level; the quick profile's 10 000 canaries cannot refute ε 2 at a level of 0.05/100.
+Half the level spent there would refute nothing (tests/test_decision.py lists the cases).
 """
 
 from __future__ import annotations
