@@ -129,9 +129,8 @@ def curve_outcome(outcome: GuessOutcome, decision: AuditDecision, *, scores: np.
     runs' tests are combined (:meth:`~dpverify.stats.decision.AuditDecision.curve_test`)."""
     _, correct = outcome.counts
     result = decision.curve_test(correct, _run_correct(decision, scores, membership)(np.arange(1))[:, 0])
-    return CurveOutcome(
-        result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, len(decision.run_sizes)
-    )
+    runs = len(decision.run_sizes)
+    return CurveOutcome(result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, runs)
 
 
 def _run_correct(decision: AuditDecision, scores: np.ndarray, membership: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
