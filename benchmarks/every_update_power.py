@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from dpverify.audits import run_audit
-from dpverify.audits.planning import split_confidence
 from dpverify.config import EVERY_UPDATE_SETTING, every_update_config
 from dpverify.registry import get_implementation
 from dpverify.stats.curves import ClaimedRun
@@ -43,14 +42,14 @@ HAND_OVERS = (("honest", 1.0), ("honest", 0.0), ("frozen", 0.0), ("foreign", 0.0
 
 
 def catch_rows(gate, claim: ClaimedRun) -> list[str]:
-    sizes, confidences = gate.canaries_per_run, split_confidence(LEVEL)
+    sizes = gate.canaries_per_run
     truth = claim.with_noise(claim.noise_multiplier / LARGEST_DEFICIT)
     rows = []
     for fraction in FRACTIONS:
         one_run = one_run_catches(claim, fraction=fraction, run_sizes=sizes, guess_rule=gate.guess_rule,
-                                  claimed_epsilon=claim.epsilon(DELTA), delta=DELTA, confidences=confidences)  # fmt: skip
+                                  claimed_epsilon=claim.epsilon(DELTA), delta=DELTA, confidence=LEVEL)  # fmt: skip
         share = every_update_detection(claim, truth=truth, signal=fraction, run_sizes=sizes, guess_rule=gate.guess_rule,
-                                       delta=DELTA, confidences=confidences, audits=CATCH_AUDITS,
+                                       delta=DELTA, confidence=LEVEL, audits=CATCH_AUDITS,
                                        rng=np.random.default_rng(1))  # fmt: skip
         rows.append(f"| {fraction:g} | {'caught' if one_run else 'not caught'} | {share * CATCH_AUDITS:.0f} of {CATCH_AUDITS} |")
         print(rows[-1], flush=True)
@@ -78,7 +77,7 @@ def power_cpu_seconds(result, gate) -> float:
     started = time.process_time()
     run = ClaimedRun(noise_multiplier=1.0, sampling_rate=gate.hyperparameters.sampling_rate, steps=gate.hyperparameters.steps)
     catches = every_update_catches(run, run_sizes=gate.canaries_per_run, guess_rule=gate.guess_rule, delta=DELTA,
-                                   confidences=split_confidence(LEVEL))  # fmt: skip
+                                   confidence=LEVEL)  # fmt: skip
     low = separation(result.scores, result.membership).low / gdp_mu(run)
     if low > 0:
         catches(low)

@@ -301,6 +301,7 @@ class AuditResult:
             f"Power: its scores carried ρ = {power.signal_fraction:.2f} of the claimed mechanism's signal "
             f"(GDP μ = {power.claimed_mu:.3g}; interval {power.signal_low:.2f} to {power.signal_high:.2f}); the "
             f"smallest noise deficit it would refute with probability ≥ {POWER:g}: {deficit}."
+            + (f" {power.above_claim_sentence()}" if power.above_claim else "")
         )
 
     def _headline(self) -> str:

@@ -37,10 +37,10 @@ def every_update_catches(
     run_sizes: tuple[int, ...],
     guess_rule: GuessRule,
     delta: float,
-    confidences: tuple[float, float],
+    confidence: float,
 ) -> Callable[[float], bool]:
     """``catches(ρ)``: whether the every-update audit of ``run`` (pooled runs of ``run_sizes`` canaries, the
-    audit's guess rule and ``confidences``) refutes a :data:`LARGEST_DEFICIT`-fold noise deficit where its
+    audit's guess rule and the look's ``confidence``) refutes a :data:`LARGEST_DEFICIT`-fold noise deficit where its
     canaries carry fraction ρ of the claimed signal: :data:`CATCH_AUDITS` simulated audits, stopped at the
     first that does not refute. Detection rises with ρ, so each answer settles every larger ρ (caught) or
     smaller one (missed) without another simulation: asked at ρ's lower limit first, one simulation answers
@@ -60,7 +60,7 @@ def every_update_catches(
         caught = all(
             every_update_detection(
                 run, truth=truth, signal=fraction, run_sizes=run_sizes, guess_rule=guess_rule, delta=delta,
-                confidences=confidences, audits=1, rng=rng,
+                confidence=confidence, audits=1, rng=rng,
             )  # fmt: skip
             for _ in range(CATCH_AUDITS)
         )
