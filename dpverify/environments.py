@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dpverify.results import result_without_bound
+from dpverify.results import audit_result
 from dpverify.session import AuditSession
 from dpverify.workers import JOB_VARIABLE
 
@@ -242,7 +242,7 @@ def plan_entry(audit: Any, implementation: Any, config: Any, *, nodeid: str) -> 
 def errored_entry(planned: dict[str, Any], *, cause: str, confidence: float) -> dict[str, Any]:
     """A report entry with verdict ``error`` for a planned audit that did not run, at this session's level."""
     fields = {**planned["fields"], "confidence": confidence}
-    result = result_without_bound(fields, verdict="error", error=f"{planned['implementation']}: {cause}", device="-", seconds=0.0)
+    result = audit_result(fields, verdict="error", error=f"{planned['implementation']}: {cause}", device="-", seconds=0.0)
     return {
         "nodeid": planned["nodeid"],
         **result.to_dict(),

@@ -86,6 +86,9 @@ class AuditResult:
     ``auxiliary_failures``: what failed after the verdict was decided, as ``(what, error)`` pairs (power,
     the claim check, plots, the report entry); the verdict stands beside them, except that a pass whose
     power could not be measured is ``undecided`` (a pass states its power, design rule 13).
+
+    Every audit builds its result with :func:`audit_result`; a field it did not measure keeps its default
+    here (NaN: no value; no guesses).
     """
 
     implementation: str
@@ -93,11 +96,11 @@ class AuditResult:
     detectability: str | None = None
     design: str
     relation: str
-    claimed_epsilon: float
+    claimed_epsilon: float = math.nan
     library_epsilon: float | None = None
     claim_derivation: str = ""
     delta: float
-    epsilon_lower_bound: float
+    epsilon_lower_bound: float = math.nan
     curve_epsilon_lower_bound: float | None = None
     curve_claimed_epsilon: float | None = None
     curve_refuted: bool = False
@@ -109,9 +112,9 @@ class AuditResult:
     estimator: str = "steinke"
     confidence: float
     m: int
-    guesses: int
-    correct: int
-    optimal_epsilon: float
+    guesses: int = 0
+    correct: int = 0
+    optimal_epsilon: float = math.nan
     canaries_needed: int | None = None
     verdict: Verdict
     seed: int
@@ -333,25 +336,14 @@ class AuditResult:
         return self.verdict
 
 
-def result_without_bound(
-    fields: dict[str, Any], *, verdict: Verdict, device: str, seconds: float, optimal_epsilon: float = math.nan, **more: Any
-) -> AuditResult:
-    """The result of an audit (its shared ``fields``) that ended before any claim or bound (an error, or
-    an undecided audit refused before training): no claimed ε or ε_L (NaN, ``null`` in the report), no
-    guesses, the ceiling ``optimal_epsilon`` where it is known; ``more`` fields (``error``,
-    ``canaries_needed``) as given."""
-    return AuditResult(
-        **fields,
-        claimed_epsilon=math.nan,
-        epsilon_lower_bound=math.nan,
-        guesses=0,
-        correct=0,
-        optimal_epsilon=optimal_epsilon,
-        verdict=verdict,
-        device=device,
-        seconds=seconds,
-        **more,
-    )
+def audit_result(fields: dict[str, Any], *, verdict: Verdict, device: str, seconds: float, **measured: Any) -> AuditResult:
+    """The one construction of an :class:`AuditResult`, for every kind of audit and every way it ends: the
+    ``fields`` every outcome of the audit shares (:func:`~dpverify.audits.verdict.result_fields`), its
+    verdict, where it ran and for how long, and what it ``measured`` (the claim, both tests, the ceiling,
+    the power; a measured field replaces a shared one, as the δ the claim holds at does). A field not
+    measured keeps its default: an audit that ended before any claim or bound (an error, an audit refused
+    before training) has no claimed ε, ε_L or ceiling (NaN, ``null`` in the report) and no guesses."""
+    return AuditResult(**{**fields, **measured}, verdict=verdict, device=device, seconds=seconds)
 
 
 class DPViolation(AssertionError):

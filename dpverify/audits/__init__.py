@@ -17,7 +17,7 @@ from dpverify.audits.verdict import result_fields
 from dpverify.config import AuditConfig
 from dpverify.contract import Implementation, StepProgress
 from dpverify.execution import Executor
-from dpverify.results import AuditResult, result_without_bound
+from dpverify.results import AuditResult, audit_result
 
 
 def run_audit(
@@ -75,7 +75,7 @@ def refused_result(implementation: Implementation, config: Any, refusal: Undecid
     nothing ran, so no claim, bound or ceiling (NaN); ``canaries_needed`` is the setting that would decide,
     and ``claim_derivation`` says why it was not run."""
     settings = _as_run(implementation, config)
-    return result_without_bound(
+    return audit_result(
         result_fields(implementation, settings, settings.audit_size),
         verdict="undecided",
         canaries_needed=refusal.needed,
@@ -96,7 +96,7 @@ def auditor_failure(implementation: Implementation, config: Any, exc: Exception,
     record it and go on, so one audit's crash never ends the session nor goes unreported."""
     settings = _as_run(implementation, config)
     where = "".join(traceback.format_exception(exc, limit=-3)).rstrip()
-    return result_without_bound(
+    return audit_result(
         result_fields(implementation, settings, settings.audit_size),
         verdict="error",
         device=str(settings.device),

@@ -36,12 +36,12 @@ from dpverify.audits.training import (
     train_through_contract,
     until_failure,
 )
-from dpverify.audits.verdict import power_beside_verdict
+from dpverify.audits.verdict import power_beside_verdict, result_fields
 from dpverify.canaries.worlds import RECORD_SCORES, TwoWorlds
 from dpverify.config import AuditConfig
 from dpverify.contract import DPHyperparameters, Implementation, MLPArchitecture, PrivacyClaim, TrainingRequest
 from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
-from dpverify.results import AuditResult
+from dpverify.results import AuditResult, audit_result
 from dpverify.stats.curves import ClaimedRun
 from dpverify.stats.looks import look_schedule as stats_look_schedule
 from dpverify.stats.power import AuditPower, gdp_mu, measure_power, two_world_deficit
@@ -556,39 +556,33 @@ def run_two_world_design(
     wrong = 0 if bound is None else bound.false_positives + bound.false_negatives
     scores = np.array(outcome.scores_d + outcome.scores_dprime, dtype=np.float64)
     membership = np.repeat(np.array([-1, 1], dtype=np.int8), [len(outcome.scores_d), len(outcome.scores_dprime)])
-    return AuditResult(
-        implementation=implementation.info.name,
-        expected=implementation.info.expected,
-        detectability=implementation.info.detectability,
-        design="two_world",
+    shared = result_fields(implementation, config, len(outcome.scores_d) or outcome.runs)
+    return audit_result(
+        shared,
+        verdict=outcome.verdict,
+        device=outcome.device,
+        seconds=outcome.seconds,
         relation=outcome.relation,
+        delta=outcome.delta,
+        observed=outcome.observed,
         claimed_epsilon=outcome.claimed_epsilon,
         library_epsilon=outcome.claimed_epsilon_d,
         claim_derivation=f"{outcome.claim_derivation}; world {outcome.world}, claims in D {outcome.claimed_epsilon_d:.4g} "
         f"and D′ {outcome.claimed_epsilon_dprime:.4g}",
-        delta=outcome.delta,
         epsilon_lower_bound=math.nan if bound is None else bound.epsilon_lower_bound,
         estimator="two-world Clopper–Pearson",
         curve_epsilon_lower_bound=None if bound is None else bound.gdp_epsilon_lower_bound,
         curve_refuted=bool(bound is not None and bound.refutes),
         curve_mu=None if bound is None else bound.gdp_mu_lower_bound,
         threshold=None if bound is None else bound.threshold,
-        confidence=outcome.confidence,
-        m=len(outcome.scores_d) or outcome.runs,
         guesses=counted,
         correct=counted - wrong,
         optimal_epsilon=outcome.epsilon_ceiling,
         canaries_needed=outcome.runs_needed,
-        verdict=outcome.verdict,
-        seed=outcome.seed,
-        device=outcome.device,
-        seconds=outcome.seconds,
         error=outcome.error,
-        config=config.to_dict(),
         scores=scores,
         membership=membership,
         power=outcome.power,
-        observed=outcome.observed,
         not_run=outcome.not_run,
         auxiliary_failures=outcome.auxiliary_failures,
     )

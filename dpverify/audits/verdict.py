@@ -34,7 +34,7 @@ from dpverify.audits.training import (
 )
 from dpverify.config import OBSERVATIONS
 from dpverify.contract import Implementation, Request, TrainedModel
-from dpverify.results import POWER_STEP, AuditResult, beside_verdict, result_without_bound
+from dpverify.results import POWER_STEP, AuditResult, audit_result, beside_verdict
 from dpverify.stats.bounds import epsilon_lower_bound
 from dpverify.stats.decision import AuditDecision, audit_decision
 from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, one_run_catches, one_run_deficit, separation
@@ -66,7 +66,7 @@ def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFa
     verdict ``violation`` when the claim, untestable there, contradicts its own numbers."""
     cause = f"{fields['implementation']}: {failure.cause}"
     if isinstance(failure, ClaimContradictsItself):  # refuted by its own numbers, not by the scores
-        return result_without_bound(
+        return audit_result(
             fields,
             verdict="violation",
             device=failure.device or device,
@@ -77,7 +77,7 @@ def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFa
             claim_consistent=False,
         )
     missing = isinstance(failure, NotRun)
-    return result_without_bound(
+    return audit_result(
         fields,
         verdict="undecided" if missing else "error",
         device=failure.device or device,
@@ -282,8 +282,13 @@ def concluded_result(
     )
     if inconsistency:
         verdict, needed, derivation = "violation", None, f"{derivation}. {inconsistency}"
-    return AuditResult(
-        **{**fields, "delta": delta, "m": m},
+    return audit_result(
+        fields,
+        verdict=verdict,
+        device=trained.device,
+        seconds=clock.seconds(),
+        delta=delta,
+        m=m,
         claimed_epsilon=claimed,
         library_epsilon=trained.claim.epsilon,
         claim_derivation=derivation,
@@ -299,9 +304,6 @@ def concluded_result(
         correct=outcome.correct,
         optimal_epsilon=audit_ceiling(config, m, delta=delta),
         canaries_needed=needed,
-        verdict=verdict,
-        device=trained.device,
-        seconds=clock.seconds(),
         auditor_seconds=clock.auditor_seconds,
         scores=scores,
         membership=membership,
