@@ -3,8 +3,8 @@
 # family with the quick profile: one session in .venvs/torch that runs the JAX family's audits in .venvs/jax
 # (--env), so one level is shared by all of them, one table is printed and one dp-audit-report.json written.
 # What it audits is the default gate's selection, pyproject.toml's dp_audit_implementations (which says what
-# is left out and why; "*" is --all); --full first audits every implementation. Extra arguments go to
-# `dpverify audit`.
+# is left out and why; "*" is --all), read by scripts/gate_selection.py; --full first audits every
+# implementation. Extra arguments go to `dpverify audit`.
 set -euo pipefail
 full=false
 if [ "${1:-}" = --full ]; then full=true; shift; fi
@@ -12,9 +12,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 selection=(--all)
 if ! $full; then
-  mapfile -t selection < <(.venvs/torch/bin/python -c 'import tomllib
-for pattern in tomllib.load(open("pyproject.toml", "rb"))["tool"]["pytest"]["ini_options"]["dp_audit_implementations"].split(","):
-    print("--all" if pattern.strip() == "*" else pattern.strip())')
+  mapfile -t selection < <(.venvs/torch/bin/python scripts/gate_selection.py | sed 's/^\*$/--all/')
 fi
 export KERAS_BACKEND="${KERAS_BACKEND:-jax}"  # Keras 3 in .venvs/jax; .venvs/torch's Keras 2 ignores it
 # Three processes in all (--jobs 3), shared by the environments in proportion to their audits: two for the

@@ -3,8 +3,9 @@
 # .venvs/torch, then in .venvs/jax what applies there: the JAX-Privacy tests (tests/test_layers.py: its layer
 # designs; the torch ones skip), the event claims in the relations only its dp_accounting 0.6 accounts
 # (tests/test_claim_events.py: replace-one and zero-out) and the ready-made audits of the
-# JAX family (`dp-audit`, the virtual module of the ready-made audits) but the Keras path's four variants
-# (as in scripts/audit.sh: the core path's variants, audited, run through fit; a test checks fit takes them).
+# JAX family (`dp-audit`, the virtual module of the ready-made audits) but what the default gate leaves out
+# (pyproject.toml's dp_audit_implementations, read by scripts/gate_selection.py; here the Keras path's four
+# variants).
 # Extra arguments go to both pytest runs; a --dp-audit-report=PATH.json of the second is written to
 # PATH-jax.json. Fails if either fails.
 set -uo pipefail
@@ -28,7 +29,12 @@ jax_tests=()
 for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py tests/test_claim_events.py; do
   [ -f "$file" ] && jax_tests+=("$file")
 done
+# The family's audits less the gate's exclusions (a command-line selection replaces the ini's, so it repeats
+# them, from the one place they are written).
+jax_selection="jax-privacy-*"
+exclusions=$(.venvs/torch/bin/python scripts/gate_selection.py --exclusions | paste -sd, -) || status=1
+[ -n "$exclusions" ] && jax_selection+=",$exclusions"
 # XLA, like torch above, one thread a worker (its default takes every core in each of the two workers).
 XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1}" \
-  .venvs/jax/bin/pytest --dp-audit -n 2 --dp-audit-implementations='jax-privacy-*,!jax-privacy-keras-no*' "${jax_tests[@]}" dp-audit "${jax_args[@]}" || status=$?
+  .venvs/jax/bin/pytest --dp-audit -n 2 --dp-audit-implementations="$jax_selection" "${jax_tests[@]}" dp-audit "${jax_args[@]}" || status=$?
 exit "$status"

@@ -401,15 +401,26 @@ def test_the_dp_audit_fixture_judges_an_audit_of_the_layer_design_by_its_known_i
 
 def test_the_default_gate_selection_is_written_once():
     """pyproject.toml's dp_audit_implementations is the selection of both gates: the pytest plugin reads it as
-    its ini value, and scripts/audit.sh (the main job) reads it from there rather than keeping a copy."""
+    its ini value, and scripts/gate_selection.py reads it from there for scripts/audit.sh (the main job) and
+    for scripts/test.sh's JAX run (its exclusions), neither of which keeps a copy."""
+    import subprocess
+    import sys
     import tomllib
 
     from dpverify.session import selected_by
 
     selection = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["dp_audit_implementations"]
     patterns = [pattern.strip() for pattern in selection.split(",")]
-    script = (REPO / "scripts" / "audit.sh").read_text()
-    assert "dp_audit_implementations" in script
-    assert not [pattern for pattern in patterns[1:] if pattern.removeprefix("!") in script]  # no copy of a pattern
+
+    def printed(*arguments: str) -> list[str]:
+        command = [sys.executable, str(REPO / "scripts" / "gate_selection.py"), *arguments]
+        return subprocess.run(command, check=True, capture_output=True, text=True).stdout.split()
+
+    assert printed() == patterns
+    assert printed("--exclusions") == [pattern for pattern in patterns if pattern.startswith("!")]
+    for name in ("audit.sh", "test.sh"):
+        script = (REPO / "scripts" / name).read_text()
+        assert "scripts/gate_selection.py" in script, name
+        assert not [pattern for pattern in patterns[1:] if pattern.removeprefix("!") in script], name  # no copy
     assert patterns[0] == "*" and selected_by(patterns, "opacus-ghost")
     assert not selected_by(patterns, "jax-privacy-keras-no-noise") and not selected_by(patterns, "opacus-lm-hooks-clip-2c")
