@@ -438,13 +438,13 @@ LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_
 LAYER_SETTINGS: dict[str, dict[str, Any]] = {
     "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
     "linear_3d": dict(
-        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=3, feature_scale=0.0625
+        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=4, feature_scale=0.0625
     ),
     "layer_norm": dict(
         m=4000, pooled_runs=8, positions=4, num_classes=2, mode="owned_labels", feature_scale=1.0, learning_rate=0.125
     ),
     "conv": dict(
-        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=3, feature_scale=0.125
+        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=4, feature_scale=0.125
     ),
 }
 #: Each profile's canaries of a layer design, as a multiple of the quick setting's (more pooled runs).
