@@ -145,7 +145,7 @@ class LayerArchitecture:
     a norm formula meets: norms well below 1 and well above 1, unequal positions, three sequence lengths:
 
     - ``embedding``: the position's token is x's largest coordinate (Dirac features: canary j is token j);
-      ``Embedding(d, C)``. Canary j alone moves row j, by ``positions`` times one position's gradient.
+      ``Embedding(d, C)``. Canary j alone moves row j, by its regime's pooled weights times one position's gradient.
     - ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) sequence. With owned labels
       (:mod:`dpverify.canaries.synthetic`, mode ``owned_labels``) canary j alone moves its label's row of
       the weight and its coordinate of the bias, whose gradient sums over the positions (Opacus #751).

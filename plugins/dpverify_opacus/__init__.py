@@ -411,7 +411,7 @@ VARIANTS: tuple[VariantSpec, ...] = (
                 "√(Σ_t |g_t|²), so a record of T equal tokens is clipped at √T·C",
                 "Opacus' own Embedding norm sampler with each position's token offset to a token of its own, in the "
                 "run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the embedding layer "
-                "design (16 positions: sensitivity 4C)",
+                "design (its small regime's 16 positions: sensitivity 4C)",
             ),
             (
                 "linear-bias",
@@ -419,8 +419,8 @@ VARIANTS: tuple[VariantSpec, ...] = (
                 "ghost clipping's Linear bias norm on a 3-D input is its 2-D formula, √(Σ_t |g_t|²), not the norm "
                 "of the gradient summed over positions (Opacus #751)",
                 "Opacus' own Linear norm sampler with the bias entry replaced, in the run's copy of "
-                "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (9 "
-                "positions, input 0.125: sensitivity 2.8C)",
+                "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (its "
+                "small regime's 16 positions, input 1/16: sensitivity 3.9C)",
             ),
             (
                 "layer-norm",
@@ -438,8 +438,8 @@ VARIANTS: tuple[VariantSpec, ...] = (
                 "not the norm of the gradient summed over them (the unfold formula's sum over positions dropped)",
                 "Opacus' own Conv1d grad sampler applied to each output position alone, the per-position gradients "
                 "kept as the record's rows, in the run's copy of GradSampleModuleFastGradientClipping.GRAD_SAMPLERS "
-                "(ghost mode has no Conv norm sampler; it takes norms of these); seen by the conv design (16 "
-                "positions: sensitivity 4C)",
+                "(ghost mode has no Conv norm sampler; it takes norms of these); seen by the conv design (its small "
+                "regime's 16 positions: sensitivity 4C)",
             ),
         )
     ),
@@ -450,13 +450,12 @@ VARIANTS: tuple[VariantSpec, ...] = (
         tweak_args={"layer": "linear_3d", "formula": "squared_gram"},
         breaks="each record's gradient must be clipped by its whole norm; here ghost clipping's Linear bias norm on a "
         "3-D input is √(Σᵢⱼ (gᵢ·gⱼ)²), the formula Opacus 1.5.0–1.5.3 shipped (fixed in 1.5.4, #751), not "
-        "√(Σᵢⱼ gᵢ·gⱼ) = |Σ_t g_t|: nearly right where each position's output gradient has norm near 1, |g|·(too "
-        "little) where it is below 1",
+        "√(Σᵢⱼ gᵢ·gⱼ) = |Σ_t g_t|: for equal positions of output gradient g it states |g| times the bias's norm, "
+        "nearly right where |g| is near 1 and too little where |g| is below 1",
         detectability="D2",
         notes="Opacus' own Linear norm sampler with the bias entry computed as 1.5.3's compute_linear_norm_sample "
         "does, in the run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d "
-        "design's small regime (9 positions of weight 1/4: the bias stated 4 times too small, sensitivity about "
-        "3.6C); invisible to softmax regression (one Linear on 2-D input)",
+        "design's small regime (16 positions of weight 0.18: sensitivity 5.4C); invisible to softmax regression (one Linear on 2-D input)",
         layers=("linear_3d",),
     ),
 )
