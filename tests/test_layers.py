@@ -151,7 +151,7 @@ def test_pytest_collects_each_layer_audit_and_dp_audit_layers_none_leaves_them_o
             "dp-audit::layer[[]opacus-ghost-conv[]]",
             "dp-audit::layer[[]opacus-ghost-conv-norm-conv[]]",
             "dp-audit::layer[[]opacus-ghost-embedding-norm-embedding[]]",
-            "*9 tests collected*",
+            "*10 tests collected*",
         ]
     )
     none = run(pytester, "--dp-audit", chosen, "--dp-audit-worlds=none", "--dp-audit-every-update=false", "--dp-audit-layers=none",
