@@ -81,9 +81,10 @@ def main() -> None:
             f"audits{' (--planned)' if args.planned else ' here'}, session 0.95); seed s is the session seed, as "
             "`dpverify audit --all --seed s` runs it",
             "- settings: `dpverify.config.LAYER_SETTINGS` (quick profile: q = 1, 10 steps, C = 0.5, target ε 2, "
-            "inclusion design; embedding 4 runs × 1000 canaries, 16 positions, lr 2; linear_3d 8 × 500, 9 positions, "
-            "lr 2; layer_norm 8 × 500, 4 positions, lr 1/8; conv 8 × 500, kernel 3, 16 outputs, lr 2); the numpy "
-            "ceiling of the same designs: `python benchmarks/layer_sim.py`",
+            "inclusion design; embedding 4 runs × 1000 canaries, 16 positions, lr 2; linear_3d 8 × 500, 16 positions, "
+            "input 1/16, lr 2; layer_norm 8 × 500, 4 positions, lr 1/8; conv 8 × 500, kernel 3, 16 outputs, lr 2; "
+            "positions pooled by each record's regime, `dpverify.contract.position_weights`); the numpy ceiling of the "
+            "designs before the regimes: `python benchmarks/layer_sim.py`",
         ],
     ) + [
         "| implementation | expected | layer | violations | as expected | ε_L (min – max) | curve ε_L (min – max) | ρ (median) | k* (median) | s/audit (median) |",

@@ -102,7 +102,8 @@ CONV_KERNEL_SIZE = 3
 #: its dot products, Opacus 1.5.0–1.5.3's Linear bias, states too little here); ``large``: one position of √(T/2) (a
 #: formula that takes a root too many, or drops each position's product with itself, states too little
 #: here); ``ramp``: T/2 + 1 positions, each twice the one before (unequal positions: a formula that assumes
-#: them equal, T times one position, states too little here). Every row sums to √(T/2), so that a clipped step
+#: them equal, T times one position, states too little here at the first step, though the audit has not refuted
+#: it: benchmarks/results/layer-formulas.md). Every row sums to √(T/2), so that a clipped step
 #: moves a canary's logit as much in every regime and the audit's ranking of the scores mixes them evenly.
 #: ``small`` is there twice, so that half the records are in it: the formula bugs the libraries shipped
 #: (Opacus 1.5.0–1.5.3's and TF-Privacy 0.8.12's bias) show there, by 5.4 and 3.9 C (a third of the records
