@@ -5,6 +5,7 @@ variant whose per-layer norm formula undercounts its layer, at the per-audit con
     python benchmarks/layer_designs.py --seeds 5 --layers conv --append
     KERAS_BACKEND=jax .venvs/jax/bin/python benchmarks/layer_designs.py --seeds 5 --planned 54 --output layer-designs-jax.md
     python benchmarks/layer_designs.py --timing --seeds 3 --output layer-designs-speed.md
+    python benchmarks/layer_designs.py --formulas --seeds 5 --output layer-formulas.md
 
 Writes ``benchmarks/results/layer-designs.md``: per implementation and layer design, the violations in the
 seeds, the (ε, δ) test's and the curve test's ε_L (min – max), the signal fraction ρ and the smallest noise
@@ -19,6 +20,11 @@ audits one after the other in one process (after one warm-up audit each, which i
 writes each audit's median seconds and its ratio to the same implementation's default audit: on a shared
 machine the ratio is the number that carries over.
 
+``--formulas`` audits, on the ``linear_3d`` design, Opacus' ghost clipping with its Linear norm sampler's 3-D
+formula replaced by each of ``dpverify_opacus.variants.LINEAR_NORM_FORMULAS`` (the exact one, expected private,
+and the wrong ones, shipped or not, expected refuted), and adds each audit's curve-test p-value (max) and the
+share of its canaries whose stated norm is too small (the design's regimes where the formula undercounts).
+
 ``--layers`` runs those layer designs only (and, outside ``--timing``, no default audit); ``--append`` adds
 the run to the output file as a new dated section instead of replacing the file.
 ``--planned N`` sets the per-audit confidence to the main job's, 1 − 0.05/N, where this environment plans
@@ -28,6 +34,7 @@ fewer audits than the main job (which runs every family in one session): the JAX
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -54,6 +61,7 @@ def main() -> None:
     parser.add_argument("--layers", nargs="*", choices=LAYERS, help="layer designs (default: every one)")
     parser.add_argument("--append", action="store_true", help="add a dated section to the output file")
     parser.add_argument("--planned", type=int, help="counted audits of the main job (default: those planned here)")
+    parser.add_argument("--formulas", action="store_true", help="audit each Linear norm formula on the linear_3d design")
     args = parser.parse_args()
     try:
         import torch
@@ -73,9 +81,10 @@ def main() -> None:
             f"audits{' (--planned)' if args.planned else ' here'}, session 0.95); seed s is the session seed, as "
             "`dpverify audit --all --seed s` runs it",
             "- settings: `dpverify.config.LAYER_SETTINGS` (quick profile: q = 1, 10 steps, C = 0.5, target ε 2, "
-            "inclusion design; embedding 4 runs × 1000 canaries, 16 positions, lr 2; linear_3d 8 × 500, 9 positions, "
-            "lr 2; layer_norm 8 × 500, 4 positions, lr 1/8; conv 8 × 500, kernel 3, 16 outputs, lr 2); the numpy "
-            "ceiling of the same designs: `python benchmarks/layer_sim.py`",
+            "inclusion design; embedding 4 runs × 1000 canaries, 16 positions, lr 2; linear_3d 8 × 500, 16 positions, "
+            "input 1/16, lr 2; layer_norm 8 × 500, 4 positions, lr 1/8; conv 8 × 500, kernel 3, 16 outputs, lr 2; "
+            "positions pooled by each record's regime, `dpverify.contract.position_weights`); the numpy ceiling of the "
+            "designs before the regimes: `python benchmarks/layer_sim.py`",
         ],
     ) + [
         "| implementation | expected | layer | violations | as expected | ε_L (min – max) | curve ε_L (min – max) | ρ (median) | k* (median) | s/audit (median) |",
@@ -85,7 +94,11 @@ def main() -> None:
         _timing(args, chosen, confidence)
         return
     rows = [(i, a) for i in chosen for a in gate_audits([i.info], worlds="none") if _chosen_layer(a.layer, args)]
-    if not args.layers:
+    if args.formulas:
+        rows = [(i, a) for i in _formula_implementations() for a in gate_audits([i.info], worlds="none") if a.layer]
+        lines[-2] = lines[-2].replace(" s/audit (median) |", " curve p (max) | s/audit (median) |")
+        lines[-1] += "---|"
+    elif not args.layers:
         rows += [(i, gate_audits([i.info], worlds="none")[0]) for i in chosen if i.info.expected == "private"]
     for implementation, audit in rows:
         info = implementation.info
@@ -104,11 +117,31 @@ def main() -> None:
         row = (
             verdict_cells(info, audit.layer or "none (default one-run audit)", results)
             + f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
-            f"{f'{np.median(deficits):.2f}' if deficits else 'not stated'} | {np.median(seconds):.1f} |"
+            f"{f'{np.median(deficits):.2f}' if deficits else 'not stated'} | "
+            + (f"{max(r.curve_p_value for r in results):.2g} | " if args.formulas else "")
+            + f"{np.median(seconds):.1f} |"
         )
         print(row, flush=True)
         lines.append(row)
     _write_section(args, lines)
+
+
+def _formula_implementations() -> list:
+    """Opacus' ghost path with its Linear norm formula on a 3-D input replaced by each of
+    ``LINEAR_NORM_FORMULAS``, audited on the linear_3d design (the exact one expected private)."""
+    from dpverify_opacus import VariantSpec
+    from dpverify_opacus.variants import LINEAR_NORM_FORMULAS
+
+    specs = [
+        VariantSpec(name=f"opacus-ghost-linear-{formula}", bug=2, tweak="undercounting_norm",
+                    tweak_args={"layer": "linear_3d", "formula": formula}, breaks=formula, detectability="D2",
+                    notes="benchmarks/layer_designs.py --formulas", layers=("linear_3d",))  # fmt: skip
+        for formula in LINEAR_NORM_FORMULAS
+    ]
+    built = [spec.build() for spec in specs]
+    exact = built[0]
+    exact.info = dataclasses.replace(exact.info, expected="private", bug=None, detectability=None, breaks=None)
+    return built
 
 
 def _chosen_layer(layer: str | None, args) -> bool:

@@ -424,33 +424,34 @@ def profile_config(name: str, **overrides: Any) -> AuditConfig:
 
 #: The canary mode whose canaries own a layer's parameters (:func:`check_layer_canaries`).
 LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_norm": "owned_labels", "conv": "owned_labels"}
-#: What the default gate designates in each layer design at the quick profile, fixed before any audit ran:
-#: the Dirac quick profile's training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions, so
-#: that a formula that takes the positions as separate rows states too little by √16 = 4 for the embedding
-#: and by 2.8 for the linear layer (T = 9 and an input of 0.125, whose weight's share of the norm the bias
-#: formula does not touch; benchmarks/layer_sim.py). ``embedding``: 4 runs of 1000 Dirac tokens, 10 classes;
-#: ``linear_3d``: 8 runs of 500 canaries, each owning 2 of its run's 1000 labels, one input feature (its cost
-#: grows with a run's canaries times its labels times T, so its runs and T are smaller); ``layer_norm``: as
-#: ``linear_3d``, its input the run's 1000 labels wide (:func:`layer_config` sets the dimension), each canary's
-#: feature on its label's coordinate, T = 4, so that a formula that averages the positions states 4 times too
-#: little. Its normalised feature is √1000 ≈ 32 on the label's coordinate, so a clipped step moves the
-#: canary's logit T·32 times lr·C/N: lr 1/8 keeps that at 0.016 a step, as the other designs' (the Dirac
-#: profile's lr 2 moved it 0.57 a step, out of the linear regime: ρ 0.79 instead of 1.02, seed 1). ``conv``:
-#: as ``linear_3d`` through a Conv1d of kernel 3 with 16 outputs (18 inputs), so that a formula that keeps the
-#: positions as rows states 4 times too little, and one that does so for the bias alone 3.1 times (the
-#: numpy ceiling at 500 canaries a run: 3.2–3.5 and 2.6–2.8, benchmarks/layer_sim.py). The weight holds
-#: 3·0.125² / (1 + 3·0.125²) = 4.5 % of a record's squared norm, so a formula that drops one kernel offset
-#: (0.8 % of the norm) is not seen.
+#: What the default gate designates in each layer design at the quick profile: the Dirac quick profile's
+#: training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions pooled by each record's position
+#: regime (:func:`~dpverify.contract.position_weights`: half the records T positions of 1/√(2T), a quarter one
+#: position of √(T/2), a quarter an unequal ramp), so that a formula that takes the positions as separate rows
+#: clips the small regime's records 4 times too weakly for the embedding (T = 16) and 3.9 times for the linear
+#: layer's bias (T = 16, an input of 1/16, whose weight's share of the norm the bias formula does not touch),
+#: and Opacus 1.5.0–1.5.3's squared bias formula 5.4 times (tests/test_layers.py). ``embedding``: 4 runs of
+#: 1000 Dirac tokens, 10 classes; ``linear_3d``: 8 runs of 500 canaries, each owning 2 of its run's 1000
+#: labels, 4 input features (a record's regime is its label modulo 4; its cost grows with a run's canaries
+#: times its labels times T², so its runs are fewer); ``layer_norm``: as ``linear_3d``, its input the run's
+#: 1000 labels wide (:func:`layer_config` sets the dimension), each canary's feature on its label's coordinate,
+#: T = 4, so that a formula that averages the positions states 4 times too little. Its normalised feature is
+#: √1000 ≈ 32 on the label's coordinate, so a clipped step moves the canary's logit √2·32 times lr·C/N: lr 1/8
+#: keeps that small, as the other designs' (the Dirac profile's lr 2 moved it out of the linear regime: ρ 0.79
+#: instead of 1.02, seed 1, with the earlier equal positions). ``conv``: as ``linear_3d`` through a Conv1d of
+#: kernel 3 with 16 outputs (18 inputs), input 1/8, so that a formula that keeps the positions as rows states
+#: 4 times too little in the small regime. The weight holds 3·0.125² / (1 + 3·0.125²) = 4.5 % of a record's
+#: squared norm, so a formula that drops one kernel offset (0.8 % of the norm) is not seen.
 LAYER_SETTINGS: dict[str, dict[str, Any]] = {
     "embedding": dict(m=4000, pooled_runs=4, positions=16, num_classes=10, mode="dirac", feature_scale=1.0),
     "linear_3d": dict(
-        m=4000, pooled_runs=8, positions=9, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.125
+        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=4, feature_scale=0.0625
     ),
     "layer_norm": dict(
         m=4000, pooled_runs=8, positions=4, num_classes=2, mode="owned_labels", feature_scale=1.0, learning_rate=0.125
     ),
     "conv": dict(
-        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=1, feature_scale=0.125
+        m=4000, pooled_runs=8, positions=16, num_classes=2, mode="owned_labels", dimension=4, feature_scale=0.125
     ),
 }
 #: Each profile's canaries of a layer design, as a multiple of the quick setting's (more pooled runs).

@@ -103,6 +103,42 @@ LAYERS: tuple[str, ...] = ("embedding", "linear_3d", "layer_norm", "conv")
 #: The width of the ``conv`` design's kernel (a convolution's common 3): a record's input sequence is
 #: ``positions + CONV_KERNEL_SIZE - 1`` long, so that the convolution has ``positions`` outputs.
 CONV_KERNEL_SIZE = 3
+#: A layer design's position regimes (:func:`position_weights`): name, its length as a function of the design's
+#: T positions, and its weight at position t < length before the row is scaled to sum to √(T/2). ``small``: T
+#: positions of 1/√(2T), so that each position's output gradient has a norm near 1/√(2T) (a formula that squares
+#: its dot products, Opacus 1.5.0–1.5.3's Linear bias, states too little here); ``large``: one position of √(T/2) (a
+#: formula that takes a root too many, or drops each position's product with itself, states too little
+#: here); ``ramp``: T/2 + 1 positions, each twice the one before (unequal positions: a formula that assumes
+#: them equal, T times one position, states too little here at the first step, though the audit has not refuted
+#: it: benchmarks/results/layer-formulas.md). Every row sums to √(T/2), so that a clipped step
+#: moves a canary's logit as much in every regime and the audit's ranking of the scores mixes them evenly.
+#: ``small`` is there twice, so that half the records are in it: the formula bugs the libraries shipped
+#: (Opacus 1.5.0–1.5.3's and TF-Privacy 0.8.12's bias) show there, by 5.4 and 3.9 C (a third of the records
+#: refuted 1.5.3's on 3 of 5 seeds at the main job's confidence, benchmarks/results/layer-formulas.md).
+POSITION_REGIMES: tuple[tuple[str, Callable[[int], int], Callable[[int], float]], ...] = (
+    ("small", lambda positions: positions, lambda t: 1.0),
+    ("large", lambda positions: 1, lambda t: 1.0),
+    ("ramp", lambda positions: positions // 2 + 1, lambda t: 2.0**t),
+    ("small", lambda positions: positions, lambda t: 1.0),
+)
+
+
+def position_weights(positions: int) -> np.ndarray:
+    """The (R, ``positions``) float32 weights of a layer design's position regimes (:data:`POSITION_REGIMES`):
+    row r weighs each position's outputs in the logits of a record in regime r, zero past the regime's length
+    (a shorter sequence, its padding masked out of the pooling), and sums to √T. A record's regime is its
+    largest feature's index modulo R (:func:`position_regime`)."""
+    check_int("positions", positions, low=1)
+    weights = np.zeros((len(POSITION_REGIMES), positions), dtype=np.float64)
+    for row, (_, length_of, weight) in zip(weights, POSITION_REGIMES):
+        row[: length_of(positions)] = [weight(t) for t in range(length_of(positions))]
+    return (weights * (math.sqrt(positions / 2) / weights.sum(axis=1, keepdims=True))).astype(np.float32)
+
+
+def position_regime(features: np.ndarray) -> np.ndarray:
+    """Each record's position regime (a row of :func:`position_weights`): its largest feature's index modulo R,
+    as the models compute it (with owned labels, its label modulo R when d ≥ R; a Dirac token's index modulo R)."""
+    return np.argmax(features, axis=-1) % len(POSITION_REGIMES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,10 +147,13 @@ class LayerArchitecture:
     computes per-record norms for by a formula of its own, on a sequence, zero-initialised.
 
     A record x (a row of d features) is lifted to a sequence of ``positions`` equal positions, the layer
-    maps each position to C outputs, and the logits are the outputs summed over the positions:
+    maps each position to C outputs, and the logits are the outputs weighted by the record's position regime
+    and summed over the positions (:func:`position_weights`: a weighted pooling, zero weights masking the
+    positions past the regime's length), so that the records' per-position output gradients span the regimes
+    a norm formula meets: norms well below 1 and well above 1, unequal positions, three sequence lengths:
 
     - ``embedding``: the position's token is x's largest coordinate (Dirac features: canary j is token j);
-      ``Embedding(d, C)``. Canary j alone moves row j, by ``positions`` times one position's gradient.
+      ``Embedding(d, C)``. Canary j alone moves row j, by its regime's pooled weights times one position's gradient.
     - ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) sequence. With owned labels
       (:mod:`dpverify.canaries.synthetic`, mode ``owned_labels``) canary j alone moves its label's row of
       the weight and its coordinate of the bias, whose gradient sums over the positions (Opacus #751).
@@ -127,9 +166,9 @@ class LayerArchitecture:
       output positions.
 
     Zero weights make every gradient first order from the first step. A norm formula that takes a record's
-    positions as separate rows (squared norms summed, not the gradient summed first) states √positions
-    times too little, so the record is clipped √positions times too weakly: a noise deficit the audit's
-    curve test sees."""
+    positions as separate rows (squared norms summed, not the gradient summed first) states |Σ_t c_t| / √(Σ_t
+    c_t²) times too little (√length for equal weights c_t), so the record is clipped that much too weakly: a
+    noise deficit the audit's curve test sees."""
 
     layer: Layer = "embedding"
     positions: int = 16

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpverify.contract import CONV_KERNEL_SIZE, LAYERS, LayerArchitecture, TrainingRequest
+from dpverify.contract import CONV_KERNEL_SIZE, LAYERS, LayerArchitecture, TrainingRequest, position_weights
 from dpverify.seeds import Seeds, seeds_for  # noqa: F401  (part of this module's helpers, see __all__)
 
 __all__ = [
@@ -161,7 +161,8 @@ class MultiTaskMLP(nn.Module):
 
 class LayerModel(nn.Module):
     """A layer design's model (:class:`~dpverify.contract.LayerArchitecture`): each record lifted to a
-    sequence of ``positions`` equal positions, one zero-initialised layer on the sequence, the outputs summed
+    sequence of ``positions`` equal positions, one zero-initialised layer on the sequence, the outputs weighted
+    by the record's position regime (:func:`~dpverify.contract.position_weights`, a constant buffer) and summed
     over the positions. ``embedding``: the token is the record's largest feature, ``Embedding(d, C)``;
     ``linear_3d``: ``Linear(d, C)`` with bias on the (n, positions, d) input; ``layer_norm``: ``LayerNorm(d)``
     with its affine weight and bias on it (d = C); ``conv``: ``Conv1d(d, C, CONV_KERNEL_SIZE)`` with bias on
@@ -188,16 +189,19 @@ class LayerModel(nn.Module):
         if getattr(self.layer, "bias", None) is not None:
             nn.init.zeros_(self.layer.bias)
         nn.init.zeros_(self.layer.weight)
+        self.register_buffer("position_weights", torch.from_numpy(position_weights(positions)))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        regime = features.argmax(dim=-1)
+        weights = self.position_weights[regime % self.position_weights.shape[0]]  # (n, positions)
         if isinstance(self.layer, nn.Embedding):
-            sequence = features.argmax(dim=-1, keepdim=True).repeat(1, self.positions)  # Opacus views it flat
+            sequence = regime.unsqueeze(-1).repeat(1, self.positions)  # Opacus views it flat
         elif isinstance(self.layer, nn.Conv1d):  # channels first; its outputs (n, C, positions)
             sequence = features.unsqueeze(-1).expand(-1, -1, self.positions + CONV_KERNEL_SIZE - 1)
-            return self.layer(sequence).sum(dim=-1)
+            return (self.layer(sequence) * weights.unsqueeze(1)).sum(dim=-1)
         else:
             sequence = features.unsqueeze(1).expand(-1, self.positions, -1)
-        return self.layer(sequence).sum(dim=1)
+        return (self.layer(sequence) * weights.unsqueeze(-1)).sum(dim=1)
 
 
 class MultiTaskLoss(nn.Module):

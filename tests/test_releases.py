@@ -12,6 +12,7 @@ import pytest
 from dpverify.releases import environment_for, libraries, parse_release, releases
 from dpverify_jaxprivacy._releases import missing_path as jax_missing_path
 from dpverify_opacus._releases import (
+    GHOST_LINEAR_BIAS_3D,
     GHOST_MAX_GRAD_NORM,
     installed_version,
     make_private_call,
@@ -140,6 +141,32 @@ def test_the_ghost_clipping_norm_finding_holds_from_1_5_0_until_its_fix_in_1_5_3
     assert holds == ["1.5", "1.5.1", "1.5.2"]
     assert GHOST_MAX_GRAD_NORM.at(None) is None
     assert parse_version("1.5.0") == parse_version("1.5") < parse_version("1.5.3") < parse_version("1.10")
+
+
+@pytest.mark.parametrize(
+    "version, expected, layer_issues",
+    [("1.5.2", "known-issue", ()), ("1.5.3", "private", (("linear_3d", GHOST_LINEAR_BIAS_3D.issue),)), ("1.5.4", "private", ())],
+)
+def test_the_ghost_linear_bias_finding_is_opacus_ghosts_linear_3d_design_alone_on_1_5_3(monkeypatch, version, expected, layer_issues):
+    """1.5.0–1.5.3 square the bias's dot products (#751, fixed in 1.5.4): on 1.5.3 the ghost path stays expected
+    private and only its linear_3d design expects the finding; on 1.5.0–1.5.2 the whole path is #664's known
+    issue already; hooks mode takes no norm sampler and the variants keep their own expectation."""
+    import dpverify_opacus
+    from dpverify_opacus import _releases
+
+    from dpverify.gate import gate_audits
+
+    assert [v for v in OPACUS if GHOST_LINEAR_BIAS_3D.at(parse_version(v))] == ["1.5", "1.5.1", "1.5.2", "1.5.3"]
+    monkeypatch.setattr(_releases, "installed_version", lambda: parse_version(version))
+    built = {i.info.name: i.info for i in dpverify_opacus.implementations()}
+    ghost = built["opacus-ghost"]
+    assert (ghost.expected, ghost.layer_issues) == (expected, layer_issues)
+    assert (GHOST_LINEAR_BIAS_3D.summary in ghost.notes) is (version != "1.5.4")
+    assert built["opacus-hooks"].layer_issues == () and built["opacus-hooks"].expected == "private"
+    if version == "1.5.3":
+        audits = {a.test_name: a.expected for a in gate_audits([ghost])}
+        assert audits.pop("layer[opacus-ghost-linear_3d]") == "known-issue"
+        assert set(audits.values()) == {"private"} and "layer[opacus-ghost-embedding]" in audits
 
 
 def test_tf_privacys_dense_bias_finding_holds_on_0_8_12_and_its_variant_is_n_a_there_only():

@@ -4,7 +4,7 @@
 A layer design's model (:class:`~dpverify.contract.LayerArchitecture`) is :class:`dpverify.torch.LayerModel`'s:
 each record lifted to ``positions`` equal positions, one zero-initialised layer on the sequence (``Embedding(d,
 C)`` on the record's largest feature as its token; a dense ``(d, C)`` kernel with bias; a LayerNorm over d = C
-with its scale and bias), the outputs summed over the positions. Its parameters sit under the layer's name
+with its scale and bias), the outputs weighted by the record's position regime and summed over the positions. Its parameters sit under the layer's name
 (``{"embedding": {"w": ...}}``), each kernel in JAX's (inputs, outputs) layout, handed over transposed as the
 other paths' are. Each layer type is one entry of :data:`LAYER_TYPES` (and of :data:`UNDERCOUNTS` for its
 variant).
@@ -14,7 +14,7 @@ clips the pytree by its global norm (``clipping.clip_pytree``, which ``clipped_f
 traces). A variant (:class:`UndercountingStep`) puts in its place, while the clipped sum traces, the library's
 ``clip_pytree`` given one layer's leaves divided by a factor for the norm and multiplied back after: the norm
 under-counts that layer, the clipped gradient is still the record's whole one, scaled as the library scales
-it. The factors are what the torch and TF-Privacy formula bugs state in the designs (T equal positions): the
+it. The factors are what the torch and TF-Privacy formula bugs state for T equal positions: the
 embedding's and the linear bias's gradient taken as T separate rows, √(Σ_t |G/T|²) = |G|/√T; the LayerNorm's
 averaged over the positions, |G|/T.
 """
@@ -32,7 +32,7 @@ from dpverify_jaxprivacy._jax import jax, jnp
 import numpy as np  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
 
-from dpverify.contract import LayerArchitecture, TrainingRequest  # noqa: E402
+from dpverify.contract import LayerArchitecture, TrainingRequest, position_weights  # noqa: E402
 from dpverify_jaxprivacy._api import clipping  # noqa: E402
 from dpverify_jaxprivacy._steps import DPStep  # noqa: E402
 
@@ -116,8 +116,11 @@ class LayerModel:
         return {self.layer: {name: jnp.zeros(shape, jnp.float32) for name, shape in zip(kind.names, shapes)}}
 
     def logits(self, params: dict, features: jax.Array) -> jax.Array:
-        """The layer's outputs summed over the positions."""
-        return LAYER_TYPES[self.layer].outputs(params[self.layer], features, self.positions).sum(axis=1)
+        """The layer's outputs weighted by each record's position regime (:func:`~dpverify.contract.position_weights`)
+        and summed over the positions."""
+        table = jnp.asarray(position_weights(self.positions))
+        weights = table[jnp.argmax(features, axis=-1) % table.shape[0]]
+        return jnp.einsum("ntc,nt->nc", LAYER_TYPES[self.layer].outputs(params[self.layer], features, self.positions), weights)
 
     def order(self, params: dict) -> list[jax.Array]:
         """The parameters in the designated order (a jitted step returns the dict with its keys sorted)."""

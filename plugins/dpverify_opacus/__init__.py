@@ -219,16 +219,23 @@ def _correct(
     name: str, mode: str, notes: str, *, kind: type[OpacusImplementation] = OpacusImplementation, **fields: Any
 ) -> OpacusImplementation:
     """A correct path (a classification one also trains the layer designs); in ghost mode, a known issue on
-    the releases where one holds (:mod:`._releases`)."""
-    from dpverify_opacus._releases import GHOST_MAX_GRAD_NORM, installed_version
+    the releases where one holds (:mod:`._releases`): of the whole path (:data:`._releases.GHOST_MAX_GRAD_NORM`),
+    or of its linear_3d design alone (:data:`._releases.GHOST_LINEAR_BIAS_3D`), the one design that finds it,
+    so that its other audits still count and fail on a new bug."""
+    from dpverify_opacus._releases import GHOST_LINEAR_BIAS_3D, GHOST_MAX_GRAD_NORM, installed_version
 
     if kind is OpacusImplementation:
         fields.setdefault("layers", LAYERS)
         fields.setdefault("sampler", POISSON_SAMPLER)
-    finding = GHOST_MAX_GRAD_NORM.at(installed_version()) if mode == "ghost" else None
+    version = installed_version() if mode == "ghost" else None
+    finding = GHOST_MAX_GRAD_NORM.at(version)
+    bias = GHOST_LINEAR_BIAS_3D.at(version) if "linear_3d" in fields.get("layers", ()) else None
     if finding is not None:
         fields.update(expected="known-issue", issue=finding.issue)
-        notes = f"{notes}; installed release: {finding.summary}"
+    elif bias is not None:
+        fields.update(layer_issues=(("linear_3d", bias.issue),))
+    for holds in (finding, bias):
+        notes = notes if holds is None else f"{notes}; installed release: {holds.summary}"
     return kind(_info(name, notes=notes, **fields), grad_sample_mode=mode)
 
 
@@ -404,7 +411,7 @@ VARIANTS: tuple[VariantSpec, ...] = (
                 "√(Σ_t |g_t|²), so a record of T equal tokens is clipped at √T·C",
                 "Opacus' own Embedding norm sampler with each position's token offset to a token of its own, in the "
                 "run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the embedding layer "
-                "design (16 positions: sensitivity 4C)",
+                "design (its small regime's 16 positions: sensitivity 4C)",
             ),
             (
                 "linear-bias",
@@ -412,8 +419,8 @@ VARIANTS: tuple[VariantSpec, ...] = (
                 "ghost clipping's Linear bias norm on a 3-D input is its 2-D formula, √(Σ_t |g_t|²), not the norm "
                 "of the gradient summed over positions (Opacus #751)",
                 "Opacus' own Linear norm sampler with the bias entry replaced, in the run's copy of "
-                "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (9 "
-                "positions, input 0.125: sensitivity 2.8C)",
+                "GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d layer design (its "
+                "small regime's 16 positions, input 1/16: sensitivity 3.9C)",
             ),
             (
                 "layer-norm",
@@ -431,10 +438,25 @@ VARIANTS: tuple[VariantSpec, ...] = (
                 "not the norm of the gradient summed over them (the unfold formula's sum over positions dropped)",
                 "Opacus' own Conv1d grad sampler applied to each output position alone, the per-position gradients "
                 "kept as the record's rows, in the run's copy of GradSampleModuleFastGradientClipping.GRAD_SAMPLERS "
-                "(ghost mode has no Conv norm sampler; it takes norms of these); seen by the conv design (16 "
-                "positions: sensitivity 4C)",
+                "(ghost mode has no Conv norm sampler; it takes norms of these); seen by the conv design (its small "
+                "regime's 16 positions: sensitivity 4C)",
             ),
         )
+    ),
+    VariantSpec(
+        name="opacus-ghost-linear-bias-squared-norm",
+        bug=2,
+        tweak="undercounting_norm",
+        tweak_args={"layer": "linear_3d", "formula": "squared_gram"},
+        breaks="each record's gradient must be clipped by its whole norm; here ghost clipping's Linear bias norm on a "
+        "3-D input is √(Σᵢⱼ (gᵢ·gⱼ)²), the formula Opacus 1.5.0–1.5.3 shipped (fixed in 1.5.4, #751), not "
+        "√(Σᵢⱼ gᵢ·gⱼ) = |Σ_t g_t|: for equal positions of output gradient g it states |g| times the bias's norm, "
+        "nearly right where |g| is near 1 and too little where |g| is below 1",
+        detectability="D2",
+        notes="Opacus' own Linear norm sampler with the bias entry computed as 1.5.3's compute_linear_norm_sample "
+        "does, in the run's copy of GradSampleModuleFastGradientClipping.NORM_SAMPLERS; seen by the linear_3d "
+        "design's small regime (16 positions of weight 0.18: sensitivity 5.4C); invisible to softmax regression (one Linear on 2-D input)",
+        layers=("linear_3d",),
     ),
 )
 

@@ -13,6 +13,10 @@ The releases differ where the plugin calls them (read in each release's ``privac
   does not hand ``max_grad_norm`` to the ghost module, which then clips at its default 1 while the noise
   is σ·C (Opacus PR #664, fixed in 1.5.3): a finding, :data:`GHOST_MAX_GRAD_NORM`.
 - 1.5.3 and later: ``make_private(criterion=...)``; in ghost mode it returns the DP loss as a fourth value.
+
+Ghost clipping's Linear norm sampler (``compute_linear_norm_sample``, ``grad_sample/linear.py``) takes a 3-D
+input's bias norm as √(Σᵢⱼ (gᵢ·gⱼ)²) in 1.5.0–1.5.3 and as √(Σᵢⱼ gᵢ·gⱼ) = |Σ_t g_t|, exact, from 1.5.4 (Opacus
+PR #751): a finding, :data:`GHOST_LINEAR_BIAS_3D`.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from dataclasses import dataclass
 from dpverify.releases import Finding, Library, installed_release, parse_version
 
 __all__ = [
-    "LIBRARY",
+    "GHOST_LINEAR_BIAS_3D",
     "GHOST_MAX_GRAD_NORM",
+    "LIBRARY",
     "Finding",
     "MakePrivateCall",
     "installed_version",
@@ -53,6 +58,18 @@ GHOST_MAX_GRAD_NORM = Finding(
     "GradSampleModuleFastGradientClipping, which clips each row at its default 1 while the optimizer's noise is "
     "σ·C: at C < 1 a record moves the sum by up to 1, more than the C the noise is drawn for (Opacus PR #664 "
     "'privacy engine erroneously wasn't using the max_grad_norm argument', fixed in 1.5.3)",
+)
+
+
+#: Opacus 1.5.0–1.5.3: ghost clipping's Linear bias norm on a 3-D input squares the positions' dot products.
+GHOST_LINEAR_BIAS_3D = Finding(
+    issue="https://github.com/pytorch/opacus/pull/751",
+    first=GHOST_FIRST,
+    fixed=(1, 5, 4),
+    summary="ghost clipping's Linear norm sampler (grad_sample/linear.py, compute_linear_norm_sample) takes a "
+    "3-D (sequence) input's bias norm as √(Σᵢⱼ (gᵢ·gⱼ)²) instead of √(Σᵢⱼ gᵢ·gⱼ) = |Σ_t g_t|: where each "
+    "position's output gradient has a norm below 1 it states too little, and the record is clipped too weakly "
+    "(Opacus PR #751, fixed in 1.5.4)",
 )
 
 

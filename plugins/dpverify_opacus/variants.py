@@ -392,16 +392,73 @@ def positions_as_rows_embedding(layer: nn.Embedding, activations, backprops):
     return compute_embedding_norm_sample(layer, [input_ids + offsets], backprops)
 
 
-def positions_as_rows_linear_bias(layer: nn.Linear, activations, backprops):
-    """Opacus' own Linear norm sampler, with the bias's norm on a 3-D input taken by its 2-D formula,
-    √(Σ_t |g_t|²), instead of the norm of the gradient summed over the positions: Opacus #751's wrong
-    bias norm. The weight's norm is the library's."""
-    from opacus.grad_sample.linear import compute_linear_norm_sample  # from Opacus 1.5.0 on
+def _exact_squared_norms(activations: torch.Tensor, backprops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear's exact per-record squared norms on a 3-D input (n, T, ·): the weight's Σᵢⱼ (aᵢ·aⱼ)(gᵢ·gⱼ) and
+    the bias's Σᵢⱼ gᵢ·gⱼ = |Σ_t g_t|² (the Gram matrices' inner products, as Opacus 1.5.4's norm sampler)."""
+    grams = torch.einsum("nik,njk->nij", backprops, backprops)
+    inputs = torch.einsum("nik,njk->nij", activations, activations)
+    return torch.einsum("nij,nij->n", grams, inputs).clamp(min=0), grams.sum(dim=(1, 2)).clamp(min=0)
 
-    norms = compute_linear_norm_sample(layer, activations, backprops)
-    if backprops.dim() == 3 and layer.bias is not None and layer.bias.requires_grad:
-        norms[layer.bias] = torch.sqrt(torch.einsum("n...i,n...i->n", backprops, backprops))
-    return norms
+
+def _without_diagonal(activations: torch.Tensor, backprops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact sums with the i = j terms (each position with itself) missing."""
+    weight, bias = _exact_squared_norms(activations, backprops)
+    own = torch.einsum("nik,nik->ni", backprops, backprops)
+    return (weight - (own * torch.einsum("nik,nik->ni", activations, activations)).sum(1)).clamp(min=0), (bias - own.sum(1)).clamp(min=0)
+
+
+#: Per-record norm formulas of a Linear on a 3-D input (n, T, ·): ``name -> (activations, backprops) -> (weight,
+#: bias)``, the two norms (not squared). ``exact`` is right; each other one is a wrong formula of the kind fast
+#: clipping has shipped or could ship: ``squared_gram``, Opacus 1.5.0–1.5.3's bias √(Σᵢⱼ (gᵢ·gⱼ)²) (PR #751);
+#: ``rows``, the 2-D bias formula √(Σ_t |g_t|²), the positions' norms combined instead of the norm of their sum
+#: (TF-Privacy 0.8.12's Dense bias); ``mean``, the gradient averaged over the positions instead of summed;
+#: ``root``, the norm's square root (a root too many); ``unsquared_gram``, the bias as √(Σᵢⱼ √|gᵢ·gⱼ|) (the
+#: inner products' root instead of their square); ``no_bias``, the bias term missing; ``no_diagonal``, each
+#: position's product with itself missing; ``first_position``, T times the first position's norms (positions
+#: assumed equal).
+LINEAR_NORM_FORMULAS: dict[str, Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = {
+    "exact": lambda a, g: tuple(part.sqrt() for part in _exact_squared_norms(a, g)),
+    "squared_gram": lambda a, g: (
+        _exact_squared_norms(a, g)[0].sqrt(),
+        torch.einsum("nik,njk->nij", g, g).square().sum(dim=(1, 2)).sqrt(),
+    ),
+    "rows": lambda a, g: (_exact_squared_norms(a, g)[0].sqrt(), torch.einsum("nik,nik->n", g, g).sqrt()),
+    "mean": lambda a, g: tuple(part.sqrt() / g.shape[1] for part in _exact_squared_norms(a, g)),
+    "root": lambda a, g: tuple(part.sqrt().sqrt() for part in _exact_squared_norms(a, g)),
+    "unsquared_gram": lambda a, g: (
+        _exact_squared_norms(a, g)[0].sqrt(),
+        torch.einsum("nik,njk->nij", g, g).abs().sqrt().sum(dim=(1, 2)).sqrt(),
+    ),
+    "no_bias": lambda a, g: (_exact_squared_norms(a, g)[0].sqrt(), torch.zeros(g.shape[0], device=g.device)),
+    "no_diagonal": lambda a, g: tuple(part.sqrt() for part in _without_diagonal(a, g)),
+    "first_position": lambda a, g: (
+        g.shape[1] * g[:, 0].norm(dim=-1) * a[:, 0].norm(dim=-1),
+        g.shape[1] * g[:, 0].norm(dim=-1),
+    ),
+}
+
+
+def linear_norm_sampler(formula: str) -> Callable:
+    """Opacus' own Linear norm sampler (``compute_linear_norm_sample``, from Opacus 1.5.0 on) with a 3-D input's
+    norms taken by ``formula`` (:data:`LINEAR_NORM_FORMULAS`); a 2-D input's are the library's."""
+    if formula not in LINEAR_NORM_FORMULAS:
+        raise ValueError(f"formula must be one of {', '.join(LINEAR_NORM_FORMULAS)}, got {formula!r}")
+
+    def sampler(layer: nn.Linear, activations, backprops):
+        from opacus.grad_sample.linear import compute_linear_norm_sample
+
+        norms = compute_linear_norm_sample(layer, activations, backprops)
+        if backprops.dim() != 3:
+            return norms
+        weight, bias = LINEAR_NORM_FORMULAS[formula](activations[0], backprops)
+        if layer.weight.requires_grad:
+            norms[layer.weight] = weight
+        if layer.bias is not None and layer.bias.requires_grad:
+            norms[layer.bias] = bias
+        return norms
+
+    sampler.__name__ = sampler.__qualname__ = f"linear_norm_sampler_{formula}"
+    return sampler
 
 
 def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
@@ -436,7 +493,7 @@ def positions_as_rows_conv(layer: nn.Conv1d, activations, backprops):
 #: an entry of, the layer type, and the sampler.
 UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[str, type, Callable]] = {
     "embedding": ("NORM_SAMPLERS", nn.Embedding, positions_as_rows_embedding),
-    "linear_3d": ("NORM_SAMPLERS", nn.Linear, positions_as_rows_linear_bias),
+    "linear_3d": ("NORM_SAMPLERS", nn.Linear, linear_norm_sampler("rows")),
     "layer_norm": ("GRAD_SAMPLERS", nn.LayerNorm, positions_averaged_layer_norm),
     "conv": ("GRAD_SAMPLERS", nn.Conv1d, positions_as_rows_conv),
 }
@@ -444,7 +501,8 @@ UNDERCOUNTING_NORM_SAMPLERS: dict[str, tuple[str, type, Callable]] = {
 
 class UndercountingNormSampler(Tweak):
     """Row 2 for one layer type: ghost clipping's per-layer norm formula for ``layer`` takes a record's
-    sequence positions as separate rows or averages them (:data:`UNDERCOUNTING_NORM_SAMPLERS`), so it states
+    sequence positions as separate rows or averages them (:data:`UNDERCOUNTING_NORM_SAMPLERS`; for ``linear_3d``, a
+    ``formula`` of :data:`LINEAR_NORM_FORMULAS` in its place), so it states
     too small a norm and the record is clipped too weakly; the real gradient is still the whole one. The
     run's ghost-clipping module gets its own copy of Opacus' ``NORM_SAMPLERS`` (or, for a layer without a
     norm sampler, ``GRAD_SAMPLERS``) registry with the one entry replaced (the class's registry, shared by
@@ -452,13 +510,17 @@ class UndercountingNormSampler(Tweak):
 
     supported_modes = ("ghost",)
 
-    def __init__(self, layer: str):
+    def __init__(self, layer: str, formula: str | None = None):
         if layer not in UNDERCOUNTING_NORM_SAMPLERS:
             raise ValueError(f"layer must be one of {', '.join(UNDERCOUNTING_NORM_SAMPLERS)}, got {layer!r}")
+        if formula is not None and layer != "linear_3d":
+            raise ValueError(f"a formula (LINEAR_NORM_FORMULAS) replaces the linear_3d design's norm sampler, got layer={layer!r}")
         self.layer = layer
+        self.sampler = None if formula is None else linear_norm_sampler(formula)
 
     def apply(self, run: OpacusRun) -> None:
         registry_name, layer_type, sampler = UNDERCOUNTING_NORM_SAMPLERS[self.layer]
+        sampler = self.sampler or sampler
         registry = getattr(type(run.module), registry_name)
         if layer_type not in registry:
             raise RuntimeError(f"{run.name}: this Opacus has no {registry_name} entry for {layer_type.__name__}")

@@ -38,7 +38,7 @@ from scipy.special import log_softmax  # noqa: E402
 from tensorflow_privacy.privacy.dp_query import gaussian_query  # noqa: E402
 from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras  # noqa: E402
 
-from dpverify.contract import LayerArchitecture, TrainingRequest, hand_over_kernels  # noqa: E402
+from dpverify.contract import LayerArchitecture, TrainingRequest, hand_over_kernels, position_weights  # noqa: E402
 from dpverify_tfprivacy._reuse import LOCK, ReusedStep, reused_step  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify_tfprivacy._sampling import kernel_seeds, poisson_batches, shuffled_batches  # noqa: E402
@@ -188,7 +188,8 @@ def build_layer_model(
     """A layer design's model, as :class:`dpverify.torch.LayerModel`: each record lifted to a sequence of
     ``positions`` equal positions (parameter-free layers), the designated layer (``Embedding(d, C)`` on the
     record's largest feature as its token; ``Dense(C)`` with bias; ``LayerNormalization``, d = C), zero
-    weights, the outputs summed over the positions."""
+    weights, the outputs weighted by the record's position regime (:func:`~dpverify.contract.position_weights`,
+    a constant) and summed over the positions."""
     architecture = request.architecture
     positions = architecture.positions
     if architecture.layer == "embedding":
@@ -214,7 +215,12 @@ def build_layer_model(
             "layer (dense, einsum_dense, embedding, layer_normalization, multi_head_attention, nlp_* only); "
             "audit it with an implementation whose ImplementationInfo.layers names it"
         )
-    logits = tf.keras.layers.Lambda(lambda y: tf.reduce_sum(y, axis=1), name="sum_positions")(outputs)
+    table = tf.constant(position_weights(positions))
+    weights = tf.keras.layers.Lambda(
+        lambda x: tf.gather(table, tf.math.floormod(tf.argmax(x, axis=-1, output_type=tf.int32), table.shape[0])),
+        name="position_weights",
+    )(features)
+    logits = tf.keras.layers.Lambda(lambda pair: tf.einsum("ntc,nt->nc", *pair), name="pool_positions")([outputs, weights])
     return model_class(inputs=features, outputs=logits)
 
 
