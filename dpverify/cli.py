@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="inclusion or pair (synthetic canaries); multitask (UniAud++), in_distribution or mislabeled "
         "(real data, report test accuracy; need pip install 'dpverify[data]'); two_world (many runs on two "
-        "crafted neighbouring datasets: --set world=, runs=, records=, outputs=). Language models take "
+        "crafted neighbouring datasets: --set world=, runs=, records=, outputs=, relation=). Language models take "
         "inclusion or pair",
     )
     audit.add_argument(

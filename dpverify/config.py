@@ -138,7 +138,8 @@ class AuditConfig:
 
     @property
     def relation(self) -> str:
-        return DESIGN_RELATION[self.design]
+        """The neighbouring relation the design's datasets differ in (the two-world design: its world's)."""
+        return self.worlds.relation if self.design == "two_world" else DESIGN_RELATION[self.design]
 
     @property
     def is_data_dependent(self) -> bool:
@@ -204,7 +205,7 @@ DATA_FIELDS = (
     "tag_weight",
 )
 #: The two-world design's part (``config.worlds``).
-WORLD_FIELDS = ("world", "runs", "records", "outputs")
+WORLD_FIELDS = ("world", "runs", "records", "outputs", "relation")
 OVERRIDABLE = (
     CANARY_FIELDS
     + ARCHITECTURE_FIELDS
@@ -232,6 +233,11 @@ def apply_overrides(config: AuditConfig, overrides: dict[str, Any]) -> AuditConf
         return {k: overrides[k] for k in names if k in overrides}
 
     design = overrides.get("design", config.design)
+    if "relation" in overrides and design != "two_world":
+        raise ValueError(
+            f"relation sets the two-world design's neighbours; the {design} design's datasets are "
+            f"{DESIGN_RELATION.get(design, '?')} neighbours by construction"
+        )
     top_fields = pick(TOP_FIELDS)
     if design not in SYNTHETIC_DESIGNS:
         top_fields.setdefault("pooled_runs", 1)  # only synthetic canaries pool runs

@@ -203,6 +203,16 @@ def check_output_contract(
     return trained
 
 
+def _claimed_dpsgd(name: str, claim: PrivacyClaim) -> tuple[float, float, int]:
+    """The claim's DP-SGD (σ, q, steps), its numbers or its event's: the request designates DP-SGD."""
+    from dpverify.stats.events import dpsgd_numbers
+
+    try:
+        return dpsgd_numbers(claim)
+    except ValueError as exc:
+        raise AssertionError(f"{name}: the request designates DP-SGD, but {exc}") from None
+
+
 def check_claim_matches_request(
     impl: Implementation, request: Request, trained: TrainedModel | SequenceModel | None = None
 ) -> TrainedModel | SequenceModel:
@@ -212,24 +222,22 @@ def check_claim_matches_request(
     name = _name(impl)
     trained = trained if trained is not None else _train(impl, request)
     claim, hp = trained.claim, request.hyperparameters
-    assert math.isclose(claim.sampling_rate, hp.sampling_rate, rel_tol=1e-9), (
-        f"{name}: the claim's sampling rate {claim.sampling_rate!r} is not the requested q = {hp.sampling_rate!r}"
+    sigma, rate, steps = _claimed_dpsgd(name, claim)
+    assert math.isclose(rate, hp.sampling_rate, rel_tol=1e-9), (
+        f"{name}: the claim's sampling rate {rate!r} is not the requested q = {hp.sampling_rate!r}"
     )
-    assert claim.steps == hp.steps, (
-        f"{name}: the claim accounts for {claim.steps} steps, the request asks for {hp.steps} "
+    assert steps == hp.steps, (
+        f"{name}: the claim accounts for {steps} steps, the request asks for {hp.steps} "
         f"({hp.epochs} epochs × {hp.steps_per_epoch} steps)"
     )
     if hp.noise_multiplier is not None:
-        assert math.isclose(claim.noise_multiplier, hp.noise_multiplier, rel_tol=1e-9, abs_tol=1e-12), (
-            f"{name}: the claim's noise multiplier {claim.noise_multiplier!r} is not the requested σ = "
-            f"{hp.noise_multiplier!r}"
+        assert math.isclose(sigma, hp.noise_multiplier, rel_tol=1e-9, abs_tol=1e-12), (
+            f"{name}: the claim's noise multiplier {sigma!r} is not the requested σ = {hp.noise_multiplier!r}"
         )
     else:
-        assert claim.noise_multiplier > 0, (
-            f"{name}: a target ε was requested but the claim's σ is {claim.noise_multiplier}"
-        )
-    if claim.noise_multiplier > 0:
-        assert math.isfinite(claim.epsilon), f"{name}: σ = {claim.noise_multiplier} > 0 but the claimed ε is infinite"
+        assert sigma > 0, f"{name}: a target ε was requested but the claim's σ is {sigma}"
+    if sigma > 0:
+        assert math.isfinite(claim.epsilon), f"{name}: σ = {sigma} > 0 but the claimed ε is infinite"
     else:
         assert math.isinf(claim.epsilon), f"{name}: σ = 0 (no noise) but the claimed ε is {claim.epsilon}, not infinite"
     for key, value in claim.other_epsilons.items():
@@ -280,12 +288,11 @@ def check_calibration(
         raise ValueError(f"check_calibration needs a request with target_epsilon (checking {name})")
     trained = trained if trained is not None else _train(impl, request)
     claim = trained.claim
-    assert claim.noise_multiplier > 0, (
-        f"{name}: calibrated to ε = {target} but the claim's σ is {claim.noise_multiplier}"
-    )
+    sigma = _claimed_dpsgd(name, claim)[0]
+    assert sigma > 0, f"{name}: calibrated to ε = {target} but the claim's σ is {sigma}"
     assert math.isfinite(claim.epsilon) and abs(claim.epsilon - target) <= tolerance * target, (
         f"{name}: calibrated to ε = {target:g} but claims ε = {claim.epsilon:.6g} "
-        f"(allowed {100 * tolerance:g} % off); σ = {claim.noise_multiplier:.6g}"
+        f"(allowed {100 * tolerance:g} % off); σ = {sigma:.6g}"
     )
     return trained
 

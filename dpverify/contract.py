@@ -21,13 +21,16 @@ import numpy as np
 
 from dpverify._validation import check_choice, check_int, check_real
 
-Relation = Literal["add_remove", "replace_one"]
+Relation = Literal["add_remove", "replace_one", "zero_out"]
 Expected = Literal["private", "violation", "known-issue"]
 EXPECTATIONS: tuple[str, ...] = ("private", "violation", "known-issue")
 Detectability = Literal["D1", "D2", "D3", "D4"]
 Task = Literal["classification", "language"]
 
-RELATIONS: tuple[str, ...] = ("add_remove", "replace_one")
+#: Neighbouring relations a claim can be stated in: add/remove one record, replace one record by another,
+#: and zero-out (replace one record by a null record whose clipped gradient is 0: dp_accounting's
+#: ``REPLACE_SPECIAL``, which JAX-Privacy uses when ``num_examples`` is set).
+RELATIONS: tuple[str, ...] = ("add_remove", "replace_one", "zero_out")
 DETECTABILITY_CLASSES: tuple[str, ...] = ("D1", "D2", "D3", "D4")
 #: The numbers of the bug classes in the project's catalogue, ``docs/bugs.md`` (class n at anchor ``bug-n``).
 BUG_CLASSES: tuple[int, ...] = tuple(range(1, 13))
@@ -368,33 +371,78 @@ class SequenceRequest(Request):
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyClaim:
-    """The ε an implementation states for the run it performed, from its own accountant.
+    """The ε an implementation states for the run it performed, from its own accountant, and the mechanism
+    the run was: either DP-SGD's numbers or a dp_accounting event, never both.
 
-    ``noise_multiplier``, ``sampling_rate`` and ``steps`` are the numbers the accountant was given, so the
-    auditor can derive the same run's ε in another neighbouring relation. ``other_epsilons`` holds
-    further claims of the same run from other accountants (e.g. ``{"opacus.prv": 1.93}``).
+    ``noise_multiplier``, ``sampling_rate`` and ``steps`` are the numbers a DP-SGD accountant was given
+    (Poisson-sampled Gaussian, independent noise each step), so the auditor can derive the same run's ε
+    in another neighbouring relation. ``dp_event`` states the run as a ``dp_accounting`` ``DpEvent`` instead,
+    as JAX-Privacy's plans and accountants produce it (``SelfComposedDpEvent(PoissonSampledDpEvent(q,
+    GaussianDpEvent(σ)), steps)`` for DP-SGD); the audit then takes its privacy curve from dp_accounting's
+    PLD accountant in ``relation`` (:mod:`dpverify.stats.events`). :attr:`event` is the claim's mechanism as an
+    event either way. ``relation`` is the neighbouring relation ε is stated for (:data:`RELATIONS`).
+    ``other_epsilons`` holds further claims of the same run from other accountants (e.g.
+    ``{"opacus.prv": 1.93}``).
+
+    A mechanism with correlated noise states its event here too; the noising structure it needs beside the
+    event (a strategy matrix or a name) is a field to add next to ``dp_event``, resolved to its own
+    :class:`~dpverify.stats.curves.ClaimedMechanism` by :func:`dpverify.audits.claims.claimed_run`.
     """
 
     epsilon: float
     delta: float
     accountant: str
-    noise_multiplier: float
-    sampling_rate: float
-    steps: int
+    noise_multiplier: float | None = None
+    sampling_rate: float | None = None
+    steps: int | None = None
     relation: Relation = "add_remove"
+    dp_event: object | None = None
     other_epsilons: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_real("epsilon", self.epsilon, low=0.0, allow_inf=True)
         check_real("delta", self.delta, low=0.0, high=1.0, low_open=True, high_open=True)
+        check_choice("relation", self.relation, RELATIONS)
+        numbers = {"noise_multiplier": self.noise_multiplier, "sampling_rate": self.sampling_rate, "steps": self.steps}
+        given = [name for name, value in numbers.items() if value is not None]
+        if self.dp_event is not None:
+            if given:
+                raise ValueError(
+                    f"state the run either as dp_event or as noise_multiplier, sampling_rate and steps, not both; "
+                    f"got dp_event and {', '.join(given)}"
+                )
+            from dpverify.stats.events import check_dp_event
+
+            check_dp_event(self.dp_event)
+            return
+        if len(given) != 3:
+            missing = ", ".join(name for name in numbers if name not in given)
+            raise ValueError(f"a claim states its run: give noise_multiplier, sampling_rate and steps, or dp_event; missing {missing}")
         check_real("noise_multiplier", self.noise_multiplier, low=0.0)
         check_real("sampling_rate", self.sampling_rate, low=0.0, high=1.0, low_open=True)
         check_int("steps", self.steps, low=1)
-        check_choice("relation", self.relation, RELATIONS)
 
     @property
     def is_private(self) -> bool:
         return math.isfinite(self.epsilon)
+
+    @property
+    def event(self) -> object:
+        """The run as a dp_accounting ``DpEvent``: :attr:`dp_event`, or DP-SGD's event built from
+        (σ, q, steps) (imports dp_accounting)."""
+        if self.dp_event is not None:
+            return self.dp_event
+        import dp_accounting
+
+        step = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier))
+        return dp_accounting.SelfComposedDpEvent(step, self.steps)
+
+    @property
+    def mechanism(self) -> str:
+        """The run in words, for reports."""
+        if self.dp_event is not None:
+            return f"the dp_accounting event {self.dp_event!r}"
+        return f"σ = {self.noise_multiplier:.4g}, q = {self.sampling_rate:g}, {self.steps} steps"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run the test suite with the quick DP audits of every bundled implementation and variant in
 # .venvs/torch, then in .venvs/jax what applies there: the JAX-Privacy tests (tests/test_layers.py: its layer
-# designs; the torch ones skip) and the ready-made audits of the
+# designs; the torch ones skip), the event claims in the relations only its dp_accounting 0.6 accounts
+# (tests/test_claim_events.py: replace-one and zero-out) and the ready-made audits of the
 # JAX family (`dp-audit`, the virtual module of the ready-made audits) but the Keras path's four variants
 # (as in scripts/audit.sh: the core path's variants, audited, run through fit; a test checks fit takes them).
 # Extra arguments go to both pytest runs; a --dp-audit-report=PATH.json of the second is written to
@@ -24,7 +25,7 @@ for arg in "$@"; do
   esac
 done
 jax_tests=()
-for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py; do
+for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py tests/test_claim_events.py; do
   [ -f "$file" ] && jax_tests+=("$file")
 done
 # XLA, like torch above, one thread a worker (its default takes every core in each of the two workers).

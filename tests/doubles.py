@@ -264,3 +264,50 @@ def _per_record_gradients(params: list[np.ndarray], features: np.ndarray, onehot
     hidden = outputs[0]
     back = (error @ params[2].T) * (hidden > 0)
     return [features[:, :, None] * back[:, None, :], back, hidden[:, :, None] * error[:, None, :], error]
+
+
+def event_claim(*, noise_multiplier: float, steps: int, delta: float, relation: str) -> PrivacyClaim:
+    """A claim of the full-batch Gaussian mechanism stated as a dp_accounting event, as JAX-Privacy states its
+    runs, with its exact GDP ε in ``relation`` (which every dp_accounting release can state, whether or not
+    it accounts that relation)."""
+    import dp_accounting
+
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(1.0, dp_accounting.GaussianDpEvent(noise_multiplier)), steps
+    )
+    epsilon = ClaimedRun(noise_multiplier=noise_multiplier, steps=steps, relation=relation).epsilon(delta)
+    return PrivacyClaim(epsilon=epsilon, delta=delta, accountant="test-event", relation=relation, dp_event=event)
+
+
+@dataclass
+class WorldGaussianMechanism(Implementation):
+    """The full-batch Gaussian mechanism on a worst-case-record world (:func:`~dpverify.canaries.worlds.
+    worst_case_record_worlds`), exactly: each of T steps sums the records' clipped gradients along the
+    target's direction (+1 for the target with label 1, −1 with label 0, 0 for any other record, as a null
+    record gives) and adds N(0, ``noise_multiplier``²); the black box's logit of class 1 at the target is the
+    sum over the steps, in units of its noise. So the worlds' scores are N(k√T/σ, 1) apart in the
+    probit scale for the k clip norms one record moves a step: GDP μ = √T/σ for a record added, 2√T/σ for
+    a label flipped. It claims the event of the same mechanism at ``claimed_noise`` in ``relation``."""
+
+    noise_multiplier: float
+    claimed_noise: float
+    relation: str
+    info: ImplementationInfo = field(
+        default_factory=lambda: ImplementationInfo(name="test-world-gaussian-mechanism", library="numpy")
+    )
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        hp = request.hyperparameters
+        at_target = request.features[:, 0] != 0  # the world's x* lies on the first axis, its base points off it
+        per_step = float(np.sum(np.where(request.labels[at_target] == 1, 1.0, -1.0)))
+        rng = np.random.default_rng(request.seed)
+        noise = self.noise_multiplier * math.sqrt(hp.steps)
+        logit = (hp.steps * per_step + noise * rng.standard_normal()) / noise
+
+        def predict(queries: np.ndarray) -> np.ndarray:
+            logits = np.zeros((len(queries), 2))
+            logits[:, 1] = logit
+            return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+        claim = event_claim(noise_multiplier=self.claimed_noise, steps=hp.steps, delta=hp.delta, relation=self.relation)
+        return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")

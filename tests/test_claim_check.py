@@ -100,7 +100,7 @@ def test_optimistic_epsilon_is_at_least_as_tight_as_dp_accountings(sigma, q, ste
 
 def test_optimistic_epsilon_checks_its_input_and_is_infinite_without_noise():
     run = {"noise_multiplier": 1.0, "sampling_rate": 0.1, "steps": 10, "delta": DELTA}
-    with pytest.raises(ValueError, match=r"relation must be one of 'add_remove', 'replace_one', got 'swap'"):
+    with pytest.raises(ValueError, match=r"relation must be one of 'add_remove', 'replace_one', 'zero_out', got 'swap'"):
         accounting.optimistic_epsilon(**run, relation="swap")
     with pytest.raises(ValueError, match=r"sampling_rate must be in \(0, 1\], got 1.5"):
         accounting.optimistic_epsilon(**{**run, "sampling_rate": 1.5}, relation="add_remove")

@@ -25,6 +25,7 @@ from dpverify.audits.planning import Progress, resolve_device
 from dpverify.audits.training import (
     AuditClock,
     AuditFailure,
+    ClaimNotTestable,
     ObservationMissing,
     ScoredRun,
     each_pooled_run,
@@ -179,7 +180,10 @@ def every_update_scores(updates: DiracUpdates, trained: TrainedModel) -> np.ndar
         raise ObservationMissing(str(missing), device=trained.device) from None
     except ValueError as partial:
         raise AuditFailure(str(partial), device=trained.device) from None
-    claim = trained.claim
-    return subsampled_gaussian_log_likelihood_ratio(
-        signal, projection, noise_multiplier=claim.noise_multiplier, sampling_rate=claim.sampling_rate
-    )
+    from dpverify.stats.events import dpsgd_numbers
+
+    try:
+        sigma, rate, _ = dpsgd_numbers(trained.claim)  # its numbers, or its DP-SGD event's
+    except ValueError as other:
+        raise ClaimNotTestable(f"the every-update score is DP-SGD's likelihood ratio, but {other}", device=trained.device) from None
+    return subsampled_gaussian_log_likelihood_ratio(signal, projection, noise_multiplier=sigma, sampling_rate=rate)

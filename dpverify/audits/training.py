@@ -31,9 +31,19 @@ class AuditFailure(Exception):
         self.device = device
 
 
-class ObservationMissing(AuditFailure):
+class NotRun(AuditFailure):
+    """The audit could not test the claim, for the reason given: it says so as verdict ``undecided`` with
+    that reason (design rule 16), never a pass nor an error."""
+
+
+class ObservationMissing(NotRun):
     """The trainer did not hand over what the audit's adversary observes (every update): the audit did not
     run, and says so as verdict ``undecided`` (design rule 16), never a pass nor an error."""
+
+
+class ClaimNotTestable(NotRun):
+    """The claim cannot be tested in the audit's neighbouring relation, or its mechanism cannot be turned
+    into a privacy curve (:func:`dpverify.audits.claims.claim_in_relation`): ``undecided`` with the reason."""
 
 
 @dataclass

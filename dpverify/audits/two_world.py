@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from dpverify._validation import check_int, check_probability
-from dpverify.audits.claims import claimed_epsilon, claimed_run
+from dpverify.audits.claims import claimed_epsilon, claimed_numbers, claimed_run
 from dpverify.audits.planning import (
     DesignatedClaim,
     Progress,
@@ -29,6 +29,7 @@ from dpverify.audits.planning import (
 )
 from dpverify.audits.training import (
     AuditFailure,
+    NotRun,
     designated_model_defect,
     in_task_order,
     query_black_box,
@@ -81,7 +82,15 @@ def full_batch_gdp_mu(claim: PrivacyClaim, relation: str) -> float | None:
 
 def full_batch_gdp_curve(claim: PrivacyClaim, relation: str) -> TradeOffCurve | None:
     """The μ-GDP curve of :func:`full_batch_gdp_mu`, or ``None``: the default curve a claim asserts of its
-    final model."""
+    final model. A claim stated as a DP-SGD event at full batch asserts its event's curve (dp_accounting's
+    PLD, the same μ-GDP curve up to its discretisation)."""
+    if claim.dp_event is not None:
+        run = claimed_run(claim, relation)
+        try:
+            full_batch = run.sampling_rate == 1
+        except ValueError:  # not DP-SGD: no default curve, as for q < 1
+            return None
+        return run.curve() if full_batch else None
     mu = full_batch_gdp_mu(claim, relation)
     return None if mu is None else gdp_curve(mu)
 
@@ -381,8 +390,7 @@ def run_two_world_audit(
             claim = outcome.claim
             claimed_deltas.add(claim.delta)
             not_designated = not_designated or outcome.not_designated
-            key = (claim.epsilon, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.delta,
-                   claim.relation)  # fmt: skip
+            key = claimed_numbers(claim)
             if key not in converted:  # converting a claim may run an accountant: once per distinct claim
                 converted[key] = claimed_epsilon(outcome, world.relation)
                 curves.append(curve_for_claim(claim, world.relation) if curve_for_claim else None)
@@ -404,7 +412,8 @@ def run_two_world_audit(
                 )
     except AuditFailure as failure:
         cause = f"{implementation.info.name}: {failure.cause}"
-        not_run = isinstance(failure, UpdatesNotHandedOver)  # nothing to judge: not run, never a pass
+        # Nothing to judge (no updates handed over, a claim the world cannot test): not run, never a pass.
+        not_run = isinstance(failure, (UpdatesNotHandedOver, NotRun))
         return TwoWorldResult(
             **common,
             claimed_epsilon=math.nan,

@@ -24,7 +24,7 @@ from dpverify.audits.planning import (
     pooled_looks,
     split_confidence,
 )
-from dpverify.audits.training import AuditClock, AuditFailure, ObservationMissing, ScoredRun, Scorer, train_and_score
+from dpverify.audits.training import AuditClock, AuditFailure, NotRun, ScoredRun, Scorer, train_and_score
 from dpverify.config import OBSERVATIONS
 from dpverify.contract import Implementation, Request, TrainedModel
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict, result_without_bound
@@ -53,10 +53,10 @@ def result_fields(implementation: Implementation, config: AuditSettings, m: int)
 
 def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
     """Verdict ``error``: the audit could not run because ``failure`` happened; verdict ``undecided``,
-    with the reason in ``not_run``, when the failure is that the trainer did not hand over what the
-    audit's adversary observes (:class:`ObservationMissing`)."""
+    with the reason in ``not_run``, when the audit could not test the claim (:class:`NotRun`: the trainer did
+    not hand over what the audit's adversary observes, or the claim cannot be tested in the design's relation)."""
     cause = f"{fields['implementation']}: {failure.cause}"
-    missing = isinstance(failure, ObservationMissing)
+    missing = isinstance(failure, NotRun)
     return result_without_bound(
         fields,
         verdict="undecided" if missing else "error",

@@ -417,7 +417,14 @@ class World:
     see its rows, so an implementation of one gets this world in place of that audit. ``records_multiple``:
     D's size is a multiple of it; ``outputs``: the one number of classes it takes (``None``: any).
     ``designates_sigma``: its score needs a designated noise multiplier, which drawn configurations (they
-    target an ε) leave out, so the strategies draw it only when named."""
+    target an ε) leave out, so the strategies draw it only when named. ``relations``: the neighbouring
+    relations its datasets can be built in (the first by default; ``maker``'s ``relation=`` picks another),
+    each the relation its audit tests a claim in: a claim it cannot test there is ``undecided``
+    (:func:`dpverify.audits.claims.relation_gap`). The worlds that read the dataset's size, its batches or its
+    microbatches add one record (add/remove: their bugs live in what a size-preserving relation hides); the
+    worst-case record is added, or its label flipped (replace-one, where add/remove and zero-out claims are
+    tested by their mechanism's replace-one curve). No world is zero-out: its null record (a padding example
+    whose gradient the trainer zeroes) is the trainer's own, which a dataset handed over cannot designate."""
 
     name: str
     maker: Callable[..., TwoWorlds]
@@ -430,9 +437,14 @@ class World:
     records_multiple: int = 1
     outputs: int | None = None
     designates_sigma: bool = False
+    relations: tuple[str, ...] = ("add_remove",)
 
     def __post_init__(self) -> None:
         check_choice("normaliser", self.normaliser, NORMALISERS)
+        if not self.relations:
+            raise ValueError(f"the {self.name} world must be built in at least one relation")
+        for relation in self.relations:
+            check_choice("relations", relation, RELATIONS)
         check_int("records_multiple", self.records_multiple, low=1)
         missing = sorted(set(QUICK_SETTING_KEYS) - set(self.quick_setting))
         if missing:
@@ -498,6 +510,7 @@ register_world(World(
 register_world(World(
     name="worst_case_record", maker=worst_case_record_worlds, bugs=(6, 12),
     quick_setting=dict(runs=300, records=1, outputs=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1, learning_rate=0.14),
+    relations=("add_remove", "replace_one"),
 ))  # fmt: skip
 
 
@@ -506,15 +519,22 @@ class TwoWorldConfig:
     """The two-world design's part of an audit: the crafted ``world`` (a registered :class:`World`, see
     :func:`world_names` and their constructors), ``records`` in D, the model's
     ``outputs`` (classes) and ``runs`` trainings on each of D and D′. The defaults are the setting that finds Opacus #571: 2 vs 3
-    records and 1024 outputs, 60 runs per world. Add/remove neighbours."""
+    records and 1024 outputs, 60 runs per world. ``relation``: how D and D′ neighbour, one of the world's
+    :attr:`World.relations` (add/remove by default; the worst-case record also replace-one)."""
 
     world: str = "dataset_size"
     runs: int = 60
     records: int = 2
     outputs: int = 1024
+    relation: str = "add_remove"
 
     def __post_init__(self) -> None:
         check_choice("world", self.world, world_names())
+        relations = WORLDS[self.world].relations
+        if self.relation not in relations:
+            raise ValueError(
+                f"the {self.world} world's datasets are {' or '.join(relations)} neighbours only, got relation={self.relation!r}"
+            )
         check_int("runs", self.runs, low=2)
         check_int("records", self.records, low=1)
         check_int("outputs", self.outputs, low=2)
@@ -522,4 +542,6 @@ class TwoWorldConfig:
 
     def worlds(self) -> TwoWorlds:
         """The two datasets this part designates."""
-        return WORLDS[self.world].maker(records=self.records, num_classes=self.outputs)
+        world = WORLDS[self.world]
+        chosen = {"relation": self.relation} if len(world.relations) > 1 else {}
+        return world.maker(records=self.records, num_classes=self.outputs, **chosen)

@@ -44,7 +44,10 @@ from dpverify._validation import check_choice, check_int, check_probability, che
 __all__ = ["add_remove_epsilon", "optimistic_epsilon", "privacy_profile", "replace_one_epsilon"]
 
 _METHODS = ("pld", "rdp", "group")
-RELATIONS = ("add_remove", "replace_one")
+#: Zero-out (a record replaced by a null record whose clipped gradient is 0; dp_accounting's
+#: ``REPLACE_SPECIAL``) has the add/remove pairs: the record's step releases (1-q)N(0,σ²) + qN(g,σ²)
+#: against N(0,σ²) with ‖g‖ <= 1, in either order, at a dataset size that does not change.
+RELATIONS = ("add_remove", "replace_one", "zero_out")
 # Mass the PLD may move to +∞ or lose off its upper end, as a fraction of δ: it is added to δ, so it
 # only makes ε larger (by a relative 1e-6 of δ, far below the discretisation error).
 _SLACK = 1e-6
@@ -171,7 +174,7 @@ def optimistic_epsilon(*, noise_multiplier, sampling_rate, steps, delta, relatio
     relation = check_choice("relation", relation, RELATIONS)
     if sigma == 0:
         return math.inf
-    pairs = _add_remove_pairs(sigma, q) if relation == "add_remove" else [_Pair(sigma, q, 1.0, -1.0)]
+    pairs = _relation_pairs(sigma, q, relation)
     return max(_ComposedPLD(pair, steps, _SLACK * delta, optimistic=True).epsilon(delta) for pair in pairs)
 
 
@@ -192,10 +195,15 @@ def privacy_profile(*, noise_multiplier, sampling_rate, steps, relation, points=
     points = check_int("points", points, low=2)
     if sigma == 0:
         raise ValueError("noise_multiplier must be > 0 for a privacy profile, got 0")
-    pairs = _add_remove_pairs(sigma, q) if relation == "add_remove" else [_Pair(sigma, q, 1.0, -1.0)]
+    pairs = _relation_pairs(sigma, q, relation)
     plds = [_ComposedPLD(pair, steps, _SLACK * floor) for pair in pairs]
     epsilons = np.linspace(0.0, max(pld.epsilon(floor) for pld in plds), points)
     return epsilons, np.max([pld.delta(epsilons) for pld in plds], axis=0)
+
+
+def _relation_pairs(sigma: float, q: float, relation: str) -> list[_Pair]:
+    """The dominating pairs of one step in ``relation`` (zero-out's are add/remove's, see :data:`RELATIONS`)."""
+    return [_Pair(sigma, q, 1.0, -1.0)] if relation == "replace_one" else _add_remove_pairs(sigma, q)
 
 
 def _check(noise_multiplier, sampling_rate, steps, delta, delta_name="delta"):

@@ -44,6 +44,7 @@ from dpverify.stats.bounds import (
 )
 
 __all__ = [
+    "ClaimedMechanism",
     "ClaimedRun",
     "CurveTest",
     "GaussianCurve",
@@ -58,7 +59,7 @@ __all__ = [
     "run_decades",
 ]
 
-Relation = Literal["add_remove", "replace_one"]
+Relation = Literal["add_remove", "replace_one", "zero_out"]
 
 # Smallest tail probability the p-value search resolves (as -log10), and its precision there.
 _TAIL_DECADES = 30.0
@@ -167,8 +168,33 @@ def _upper_envelope(intercepts: np.ndarray, slopes: np.ndarray) -> tuple[np.ndar
     return xs, np.concatenate([np.max(a[:, None] - b[:, None] * block, axis=0) for block in blocks])
 
 
+class ClaimedMechanism:
+    """A claimed mechanism as the curve test reads it: a family indexed by ``noise_multiplier`` (less noise,
+    a weaker claim), each member with its trade-off curve, its ε at any δ and, where exact, its GDP ``mu``
+    (``None`` otherwise). :class:`ClaimedRun` is a DP-SGD claim's (σ, q, T); a claim stated as a
+    dp_accounting event is :class:`dpverify.stats.events.EventRun`. A mechanism of another kind (correlated
+    noise with its strategy) joins the audit by subclassing this and being returned for its claim by
+    :func:`dpverify.audits.claims.claimed_run`."""
+
+    noise_multiplier: float
+    relation: str
+
+    @property
+    def mu(self) -> float | None:
+        raise NotImplementedError
+
+    def curve(self) -> TradeOffCurve:
+        raise NotImplementedError
+
+    def epsilon(self, delta) -> float:
+        raise NotImplementedError
+
+    def with_noise(self, noise_multiplier: float) -> ClaimedMechanism:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, kw_only=True)
-class ClaimedRun:
+class ClaimedRun(ClaimedMechanism):
     """What a DP-SGD claim asserts: noise σ (in clip norms), Poisson rate q, T steps, the relation.
 
     A family indexed by σ at fixed (q, T, relation): less noise is a weaker claim, with a lower
@@ -207,7 +233,7 @@ class ClaimedRun:
         if self.mu is not None:
             return float(_gdp_epsilon(np.array(self.mu), delta))
         account = (
-            accounting.add_remove_epsilon if self.relation == "add_remove" else accounting.replace_one_epsilon
+            accounting.replace_one_epsilon if self.relation == "replace_one" else accounting.add_remove_epsilon
         )
         return account(
             noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate, steps=self.steps, delta=delta
@@ -258,7 +284,7 @@ class CurveTest:
     confidence: float
 
 
-def curve_test(m, guesses, correct, *, claim: ClaimedRun, delta, confidence=0.95) -> CurveTest:
+def curve_test(m, guesses, correct, *, claim: ClaimedMechanism, delta, confidence=0.95) -> CurveTest:
     """Test "the run is f-DP for the claim's curve" on one-run counts, at level 1 − ``confidence``.
 
     ``guesses`` and ``correct`` may be arrays (a grid of guess counts, broadcast with ``m``); the
@@ -283,7 +309,7 @@ def curve_test(m, guesses, correct, *, claim: ClaimedRun, delta, confidence=0.95
     )
 
 
-def combined_curve_test(sizes, guesses, correct, *, claim: ClaimedRun, delta, confidence=0.95) -> CurveTest:
+def combined_curve_test(sizes, guesses, correct, *, claim: ClaimedMechanism, delta, confidence=0.95) -> CurveTest:
     r"""Test the claim's curve on R independent runs, each with its own canaries, at level 1 − ``confidence``.
 
     ``sizes`` (R,) holds each run's canaries; ``guesses`` and ``correct`` (R, K) each run's counts at
@@ -331,12 +357,12 @@ def combined_curve_test(sizes, guesses, correct, *, claim: ClaimedRun, delta, co
 
 
 def _check_claim(claim) -> None:
-    if not isinstance(claim, ClaimedRun):
-        raise ValueError(f"claim must be a ClaimedRun, got {claim!r}")
+    if not isinstance(claim, ClaimedMechanism):
+        raise ValueError(f"claim must be a ClaimedMechanism (a ClaimedRun or an EventRun), got {claim!r}")
 
 
 def _family_outcome(
-    claim: ClaimedRun,
+    claim: ClaimedMechanism,
     *,
     refuted: bool,
     refutable: bool,
@@ -439,11 +465,11 @@ def combined_refutes(sizes, guesses, correct, *, curve: TradeOffCurve, confidenc
     return _combined_tails(sizes, r, v, curve.inverse_complement) <= level
 
 
-def _refutes(claim: ClaimedRun, m, r, v, level) -> bool:
+def _refutes(claim: ClaimedMechanism, m, r, v, level) -> bool:
     return bool(np.any(mmc.rejected(m, r, v, level, claim.curve().inverse_complement)))
 
 
-def _weakest_refuted_sigma(claim: ClaimedRun, refutes: Callable[[ClaimedRun], bool], refuted: bool) -> float:
+def _weakest_refuted_sigma(claim: ClaimedMechanism, refutes: Callable[[ClaimedMechanism], bool], refuted: bool) -> float:
     """The least σ whose member any count refutes, by bisection in log σ from the claim's σ.
 
     Starts at the claim (σ = 1 for a claim without noise), halves or doubles σ, within a factor

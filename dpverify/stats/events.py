@@ -1,0 +1,282 @@
+r"""A claim stated as a ``dp_accounting`` ``DpEvent``: the mechanism's privacy curve by dp_accounting's PLD
+accountant, in the claim's own neighbouring relation.
+
+JAX-Privacy's plans and accountants state a run as an event (``SelfComposedDpEvent`` of a
+``PoissonSampledDpEvent`` of a ``GaussianDpEvent`` for DP-SGD). :class:`EventRun` is that mechanism as the
+audit tests it: its ε at any δ, its trade-off curve (the envelope of its privacy profile δ(ε), both
+directions, :class:`~dpverify.stats.curves.ProfileCurve`) and the family of the same event with more or less
+noise, which the curve test searches for the weakest member its counts refute. ``noise_multiplier`` indexes
+that family: the event's reference noise multiplier (the first Gaussian or Laplace noise multiplier in the
+event); a member with noise multiplier s scales every noise multiplier of the event by s over the
+reference, so a DP-SGD event's family is the one :class:`~dpverify.stats.curves.ClaimedRun` searches.
+
+An event dp_accounting cannot account, or a relation the installed release cannot account it in, raises
+:class:`UnaccountableEvent` with the reason: the audit reports it ``undecided``, never a pass. dp_accounting
+0.4 accounts Gaussian events for add/remove neighbours only (its Gaussian PLD has no relation and its
+Poisson-sampled events refuse any other); from 0.5 on, ``from_gaussian_mechanism`` takes the relation and
+replace-one (sensitivity 2) and zero-out (``REPLACE_SPECIAL``, sensitivity 1) are accounted too.
+
+dp_accounting is imported only when an event is accounted: the contract and the audit stay numpy-only for
+claims that state (σ, q, steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpverify._validation import check_choice, check_probability, check_real
+from dpverify.stats import curves
+
+__all__ = ["EventRun", "UnaccountableEvent", "check_dp_event", "dp_event_type", "dpsgd_numbers", "event_relations"]
+
+#: The claim's relations by their dp_accounting ``NeighboringRelation`` names.
+ACCOUNTANT_RELATIONS = {"add_remove": "ADD_OR_REMOVE_ONE", "replace_one": "REPLACE_ONE", "zero_out": "REPLACE_SPECIAL"}
+#: The PLD's discretisation of the privacy loss (dp_accounting's default).
+DISCRETISATION = 1e-4
+#: Points of the privacy profile a curve is built from, and the δ where its grid of ε ends.
+_PROFILE_POINTS = 2000
+_PROFILE_FLOOR = 1e-12
+#: Fields of an event that hold a noise multiplier (scaled together along the family).
+_NOISE_FIELDS = ("noise_multiplier",)
+
+
+class UnaccountableEvent(ValueError):
+    """The installed dp_accounting cannot turn the claim's event into a privacy curve in the relation asked
+    for; the message says why."""
+
+
+def dp_event_type() -> type:
+    """dp_accounting's ``DpEvent`` (imported here, on demand)."""
+    try:
+        import dp_accounting
+    except ImportError as exc:
+        raise ImportError(
+            "a claim stated as a DpEvent needs dp_accounting (pip install dp-accounting), which made the event"
+        ) from exc
+    return dp_accounting.DpEvent
+
+
+def check_dp_event(event: object) -> object:
+    """``event`` when it is a dp_accounting ``DpEvent``; else a ``ValueError`` that says what to give."""
+    if not isinstance(event, dp_event_type()):
+        raise ValueError(
+            "dp_event must be a dp_accounting DpEvent (e.g. SelfComposedDpEvent(PoissonSampledDpEvent(q, "
+            f"GaussianDpEvent(sigma)), steps), or a JAX-Privacy plan's dp_event), got {type(event).__name__}: {event!r}"
+        )
+    return event
+
+
+@functools.lru_cache(maxsize=1)
+def event_relations() -> tuple[str, ...]:
+    """The relations the installed dp_accounting accounts Gaussian events in (see the module docstring)."""
+    from dp_accounting.pld import privacy_loss_distribution
+
+    takes_relation = "neighboring_relation" in inspect.signature(privacy_loss_distribution.from_gaussian_mechanism).parameters
+    return tuple(ACCOUNTANT_RELATIONS) if takes_relation else ("add_remove",)
+
+
+def _noise_multipliers(event: Any) -> list[float]:
+    """Every noise multiplier in ``event``, depth first."""
+    import attr
+
+    found: list[float] = []
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        if field.name in _NOISE_FIELDS:
+            found.append(float(value))
+        for child in value if isinstance(value, (list, tuple)) else [value]:
+            if attr.has(type(child)):
+                found.extend(_noise_multipliers(child))
+    return found
+
+
+def _scaled(event: Any, factor: float) -> Any:
+    """``event`` with every noise multiplier times ``factor``."""
+    import attr
+
+    changes = {}
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        if field.name in _NOISE_FIELDS:
+            changes[field.name] = value * factor
+        elif isinstance(value, (list, tuple)):
+            changes[field.name] = type(value)(_scaled(v, factor) if attr.has(type(v)) else v for v in value)
+        elif attr.has(type(value)):
+            changes[field.name] = _scaled(value, factor)
+    return attr.evolve(event, **changes)
+
+
+def dpsgd_numbers(claim: Any) -> tuple[float, float, int]:
+    """``(σ, q, steps)`` of a :class:`~dpverify.contract.PrivacyClaim` of DP-SGD: its numbers, or those of its
+    event when that is DP-SGD; a ``ValueError`` for an event of another mechanism."""
+    if claim.dp_event is None:
+        return claim.noise_multiplier, claim.sampling_rate, claim.steps
+    shape = _dpsgd_shape(claim.dp_event)
+    if shape is None:
+        raise ValueError(f"the claimed event is not DP-SGD (a self-composed, Poisson-sampled Gaussian): {claim.dp_event!r}")
+    return shape
+
+
+def _installed_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("dp-accounting")
+    except metadata.PackageNotFoundError:
+        return "(this release)"
+
+
+def _dpsgd_shape(event: Any) -> tuple[float, float, int] | None:
+    """``(σ, q, steps)`` of an event that is DP-SGD (a Gaussian, Poisson-sampled or not, self-composed any
+    number of times), else ``None``."""
+    import dp_accounting
+
+    steps = 1
+    while isinstance(event, dp_accounting.SelfComposedDpEvent):
+        steps, event = steps * event.count, event.event
+    rate = 1.0
+    if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+        rate, event = float(event.sampling_probability), event.event
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return float(event.noise_multiplier), rate, steps
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventRun(curves.ClaimedMechanism):
+    """A claimed mechanism stated as a dp_accounting ``event``, tested in ``relation`` (see the module
+    docstring); ``noise_multiplier`` picks the member of the event's family (``None``: the event itself)."""
+
+    event: Any
+    relation: str = "add_remove"
+    noise_multiplier: float = None  # type: ignore[assignment]  # set from the event when not given
+
+    def __post_init__(self) -> None:
+        check_dp_event(self.event)
+        check_choice("relation", self.relation, tuple(ACCOUNTANT_RELATIONS))
+        reference = self.reference_noise
+        if self.noise_multiplier is None:
+            object.__setattr__(self, "noise_multiplier", reference)
+        check_real("noise_multiplier", self.noise_multiplier, low=0.0)
+
+    @property
+    def reference_noise(self) -> float:
+        """The event's own noise multiplier: its first; 1 for an event without one (no family then)."""
+        found = _noise_multipliers(self.event)
+        return found[0] if found else 1.0
+
+    @property
+    def member_event(self) -> Any:
+        """The event of this member of the family (the claim's own at its reference noise)."""
+        reference = self.reference_noise
+        if self.noise_multiplier == reference:
+            return self.event
+        if reference == 0:
+            raise UnaccountableEvent("an event without noise has no family of noisier members")
+        return _scaled(self.event, self.noise_multiplier / reference)
+
+    @property
+    def mu(self) -> None:
+        """No exact GDP shortcut: the curve is always the PLD accountant's."""
+        return None
+
+    @property
+    def sampling_rate(self) -> float:
+        """q of a DP-SGD event (what k*'s participation model needs); a ``ValueError`` for any other."""
+        return self._dpsgd()[1]
+
+    @property
+    def steps(self) -> int:
+        """The steps of a DP-SGD event; a ``ValueError`` for any other."""
+        return self._dpsgd()[2]
+
+    def _dpsgd(self) -> tuple[float, float, int]:
+        shape = _dpsgd_shape(self.event)
+        if shape is None:
+            raise ValueError(f"the claimed event is not DP-SGD (a self-composed, Poisson-sampled Gaussian): {self.event!r}")
+        return shape
+
+    def accountant(self):
+        """dp_accounting's PLD accountant with this member's event composed, in :attr:`relation` (once per
+        member and process: the claim check, the conversion and the curve ask for the same)."""
+        return _composed(self)
+
+    def curve(self) -> curves.TradeOffCurve:
+        """The member's trade-off curve: from its privacy profile, both directions (the PLD holds both)."""
+        return _curve(self)
+
+    def epsilon(self, delta) -> float:
+        """ε at ``delta`` by dp_accounting's PLD accountant (an upper bound, up to its tail truncation)."""
+        return float(self.accountant().get_epsilon(check_probability("delta", delta)))
+
+    def least_epsilon(self, delta) -> float:
+        r"""A lower bound on the event's ε at ``delta``: :meth:`epsilon` less the discretisation's reach.
+
+        The pessimistic PLD rounds each composed mechanism's privacy loss up by at most one interval Δ
+        (connecting the dots is tighter still), so n composed losses rise by at most nΔ and
+        :math:`\varepsilon_{PLD}(\delta) \le \varepsilon(\delta) + n\Delta`; n counts the Gaussian and
+        Laplace mechanisms the event composes."""
+        return max(0.0, self.epsilon(delta) - _compositions(self.member_event) * DISCRETISATION)
+
+    def with_noise(self, noise_multiplier: float) -> EventRun:
+        """The member of the event's family with noise multiplier ``noise_multiplier`` (see the docstring)."""
+        return dataclasses.replace(self, noise_multiplier=noise_multiplier)
+
+
+def _compositions(event: Any) -> int:
+    """How many noise-adding mechanisms ``event`` composes (a self-composition counts its count times)."""
+    import attr
+    import dp_accounting
+
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return event.count * _compositions(event.event)
+    if any(field.name in _NOISE_FIELDS for field in attr.fields(type(event))):
+        return 1
+    total = 0
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        for child in value if isinstance(value, (list, tuple)) else [value]:
+            if attr.has(type(child)):
+                total += _compositions(child)
+    return total
+
+
+@functools.lru_cache(maxsize=64)
+def _composed(run: EventRun):
+    """:meth:`EventRun.accountant`, or :class:`UnaccountableEvent` with the reason."""
+    import dp_accounting
+
+    if run.relation not in event_relations():
+        raise UnaccountableEvent(
+            f"dp_accounting {_installed_version()} cannot account a Gaussian "
+            f"event in the {run.relation} relation ({ACCOUNTANT_RELATIONS[run.relation]}; it accounts "
+            f"{', '.join(event_relations())} only): install dp-accounting >= 0.5"
+        )
+    relation = getattr(dp_accounting.NeighboringRelation, ACCOUNTANT_RELATIONS[run.relation])
+    accountant = dp_accounting.pld.PLDAccountant(relation, value_discretization_interval=DISCRETISATION)
+    event = run.member_event
+    if not accountant.supports(event):
+        raise UnaccountableEvent(
+            f"dp_accounting's PLD accountant cannot account the claimed event in the {run.relation} relation: {event!r}"
+        )
+    return accountant.compose(event)
+
+
+@functools.lru_cache(maxsize=64)
+def _curve(run: EventRun) -> curves.TradeOffCurve:
+    accountant = run.accountant()
+    largest = accountant.get_epsilon(_PROFILE_FLOOR)
+    if run.noise_multiplier == 0 or math.isinf(largest):
+        return curves.TrivialCurve()
+    epsilons = np.linspace(0.0, largest, _PROFILE_POINTS)
+    # The accountant's composed PLD answers a whole grid at once (its get_delta takes one ε, 2000 times
+    # slower); the attribute is the same in dp_accounting 0.4 and 0.6.
+    deltas = np.asarray(accountant._pld.get_delta_for_epsilon(epsilons), dtype=float)
+    return curves.ProfileCurve(epsilons=epsilons, deltas=np.minimum(deltas, 1.0))
