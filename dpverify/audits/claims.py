@@ -151,5 +151,7 @@ def claimed_epsilon(trained: TrainedModel | ScoredRun, relation: str) -> tuple[f
 
 
 def claimed_numbers(claim: PrivacyClaim) -> tuple:
-    """What a claim states (ε, δ, its mechanism, relation): the pooled runs of one audit must state the same."""
-    return (claim.epsilon, claim.delta, claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.dp_event, claim.relation)
+    """What a claim states (ε, δ, its mechanism and noise structure, relation): the pooled runs of one audit
+    must state the same."""
+    mechanism = (claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.dp_event, claim.noise_structure)
+    return (claim.epsilon, claim.delta, *mechanism, claim.relation)
