@@ -210,3 +210,34 @@ def test_the_two_world_design_chooses_its_worlds_relation_among_those_the_world_
         apply_overrides(AuditConfig(), {"design": "two_world", "world": "dataset_size", "relation": "replace_one"})
     with pytest.raises(ValueError, match="relation sets the two-world design's neighbours"):
         apply_overrides(AuditConfig(), {"design": "inclusion", "relation": "replace_one"})
+
+
+def test_an_events_family_scales_every_noise_multiplier_it_holds():
+    step = dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(2.0))
+    event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(step, 3), dp_accounting.LaplaceDpEvent(4.0)])
+    member = EventRun(event=event).with_noise(1.0).member_event  # the reference σ is the first: 2 -> 1 halves all
+    halved = dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.0)), 3), dp_accounting.LaplaceDpEvent(2.0)]
+    )
+    assert member == halved
+    assert EventRun(event=event).epsilon(1e-5) < EventRun(event=event).with_noise(1.0).epsilon(1e-5)
+    with pytest.raises(ValueError, match="not DP-SGD"):
+        EventRun(event=event).steps
+
+
+def test_a_claim_untestable_in_the_design_that_contradicts_its_own_numbers_is_still_a_violation():
+    """bugs.md row 10 (opacus-replace-one-claim): an add/remove ε stated as replace-one, audited by the
+    add/remove inclusion design, which cannot test a replace-one claim but still reads its numbers."""
+    from dpverify.audits import run_audit
+    from tests.doubles import GaussianMechanism
+    from tests.test_audit import small_config
+
+    class ReplaceOneClaim(GaussianMechanism):
+        def train(self, request):
+            trained = super().train(request)
+            claim = dataclasses.replace(trained.claim, relation="replace_one")
+            return dataclasses.replace(trained, claim=claim)
+
+    result = run_audit(ReplaceOneClaim(claimed_epsilon=2.0), small_config(m=200, sampling_rate=1.0))
+    assert result.verdict == "violation" and not result.claim_consistent
+    assert "contradicts its own numbers" in result.claim_derivation

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 
-from dpverify.audits.training import AuditFailure, ClaimNotTestable, ScoredRun
+from dpverify.audits.training import AuditFailure, ClaimContradictsItself, ClaimNotTestable, ScoredRun
 from dpverify.contract import PrivacyClaim, TrainedModel
 from dpverify.stats.accounting import optimistic_epsilon
 from dpverify.stats.curves import ClaimedMechanism, ClaimedRun
@@ -138,13 +138,17 @@ def claim_inconsistency(claim: PrivacyClaim) -> str | None:
 
 def claimed_epsilon(trained: TrainedModel | ScoredRun, relation: str) -> tuple[float, str]:
     """:func:`claim_in_relation` of a trained model's or a scored run's claim; a claim that cannot be
-    converted fails, one that cannot be tested there is not run (:class:`ClaimNotTestable`)."""
+    converted fails, one that cannot be tested there is not run (:class:`ClaimNotTestable`) unless it
+    contradicts its own numbers (:class:`ClaimContradictsItself`)."""
     claim = trained.claim
     if math.isnan(claim.epsilon):
         raise AuditFailure("its claim states ε = nan", device=trained.device)
     try:
         return claim_in_relation(claim, relation)
     except ClaimNotTestable as exc:
+        contradiction = claim_inconsistency(claim)  # a claim refuted by its own numbers is so in any design
+        if contradiction is not None:
+            raise ClaimContradictsItself(contradiction, device=trained.device) from exc
         raise ClaimNotTestable(exc.cause, device=trained.device) from exc
     except Exception as exc:
         raise AuditFailure(f"its claim could not be converted to {relation}: {exc}", device=trained.device) from exc
@@ -153,5 +157,6 @@ def claimed_epsilon(trained: TrainedModel | ScoredRun, relation: str) -> tuple[f
 def claimed_numbers(claim: PrivacyClaim) -> tuple:
     """What a claim states (ε, δ, its mechanism and noise structure, relation): the pooled runs of one audit
     must state the same."""
-    mechanism = (claim.noise_multiplier, claim.sampling_rate, claim.steps, claim.dp_event, claim.noise_structure)
+    event = None if claim.dp_event is None else repr(claim.dp_event)  # an event that composes a list is not hashable
+    mechanism = (claim.noise_multiplier, claim.sampling_rate, claim.steps, event, claim.noise_structure)
     return (claim.epsilon, claim.delta, *mechanism, claim.relation)

@@ -41,6 +41,12 @@ class ObservationMissing(NotRun):
     run, and says so as verdict ``undecided`` (design rule 16), never a pass nor an error."""
 
 
+class ClaimContradictsItself(AuditFailure):
+    """The claim's ε is below the least ε of its own mechanism in its own relation
+    (:func:`dpverify.audits.claims.claim_inconsistency`), found where the design cannot test it otherwise:
+    verdict ``violation`` with that reason, whatever the scores."""
+
+
 class ClaimNotTestable(NotRun):
     """The claim cannot be tested in the audit's neighbouring relation, or its mechanism cannot be turned
     into a privacy curve (:func:`dpverify.audits.claims.claim_in_relation`): ``undecided`` with the reason."""

@@ -24,7 +24,15 @@ from dpverify.audits.planning import (
     pooled_looks,
     split_confidence,
 )
-from dpverify.audits.training import AuditClock, AuditFailure, NotRun, ScoredRun, Scorer, train_and_score
+from dpverify.audits.training import (
+    AuditClock,
+    AuditFailure,
+    ClaimContradictsItself,
+    NotRun,
+    ScoredRun,
+    Scorer,
+    train_and_score,
+)
 from dpverify.config import OBSERVATIONS
 from dpverify.contract import Implementation, Request, TrainedModel
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict, result_without_bound
@@ -54,8 +62,20 @@ def result_fields(implementation: Implementation, config: AuditSettings, m: int)
 def error_result(fields: dict[str, Any], config: AuditSettings, failure: AuditFailure, *, device: str, clock: AuditClock) -> AuditResult:
     """Verdict ``error``: the audit could not run because ``failure`` happened; verdict ``undecided``,
     with the reason in ``not_run``, when the audit could not test the claim (:class:`NotRun`: the trainer did
-    not hand over what the audit's adversary observes, or the claim cannot be tested in the design's relation)."""
+    not hand over what the audit's adversary observes, or the claim cannot be tested in the design's relation);
+    verdict ``violation`` when the claim, untestable there, contradicts its own numbers."""
     cause = f"{fields['implementation']}: {failure.cause}"
+    if isinstance(failure, ClaimContradictsItself):  # refuted by its own numbers, not by the scores
+        return result_without_bound(
+            fields,
+            verdict="violation",
+            device=failure.device or device,
+            seconds=clock.seconds(),
+            optimal_epsilon=audit_ceiling(config, fields["m"]),
+            auditor_seconds=clock.auditor_seconds,
+            claim_derivation=failure.cause,
+            claim_consistent=False,
+        )
     missing = isinstance(failure, NotRun)
     return result_without_bound(
         fields,

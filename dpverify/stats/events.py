@@ -129,10 +129,7 @@ def dpsgd_numbers(claim: Any) -> tuple[float, float, int]:
         raise ValueError(f"the claimed noise is correlated across steps, not DP-SGD's independent noise: {claim.mechanism}")
     if claim.dp_event is None:
         return claim.noise_multiplier, claim.sampling_rate, claim.steps
-    shape = _dpsgd_shape(claim.dp_event)
-    if shape is None:
-        raise ValueError(f"the claimed event is not DP-SGD (a self-composed, Poisson-sampled Gaussian): {claim.dp_event!r}")
-    return shape
+    return _dpsgd(claim.dp_event)
 
 
 def request_numbers(claim: Any) -> tuple[float, float, int]:
@@ -182,9 +179,9 @@ def _installed_version() -> str:
         return "(this release)"
 
 
-def _dpsgd_shape(event: Any) -> tuple[float, float, int] | None:
+def _dpsgd(event: Any) -> tuple[float, float, int]:
     """``(σ, q, steps)`` of an event that is DP-SGD (a Gaussian, Poisson-sampled or not, self-composed any
-    number of times), else ``None``."""
+    number of times); a ``ValueError`` for any other."""
     import dp_accounting
 
     steps = 1
@@ -193,15 +190,16 @@ def _dpsgd_shape(event: Any) -> tuple[float, float, int] | None:
     rate = 1.0
     if isinstance(event, dp_accounting.PoissonSampledDpEvent):
         rate, event = float(event.sampling_probability), event.event
-    if isinstance(event, dp_accounting.GaussianDpEvent):
-        return float(event.noise_multiplier), rate, steps
-    return None
+    if not isinstance(event, dp_accounting.GaussianDpEvent):
+        raise ValueError(f"the claimed event is not DP-SGD (a self-composed, Poisson-sampled Gaussian): {event!r}")
+    return float(event.noise_multiplier), rate, steps
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class EventRun(curves.ClaimedMechanism):
     """A claimed mechanism stated as a dp_accounting ``event``, tested in ``relation`` (see the module
-    docstring); ``noise_multiplier`` picks the member of the event's family (``None``: the event itself)."""
+    docstring); ``noise_multiplier`` picks the member of the event's family (``None``: the event itself).
+    Members are equal when their events print the same (an event that composes a list is not hashable)."""
 
     event: Any
     relation: str = "add_remove"
@@ -210,10 +208,18 @@ class EventRun(curves.ClaimedMechanism):
     def __post_init__(self) -> None:
         check_dp_event(self.event)
         check_choice("relation", self.relation, tuple(ACCOUNTANT_RELATIONS))
-        reference = self.reference_noise
         if self.noise_multiplier is None:
-            object.__setattr__(self, "noise_multiplier", reference)
+            object.__setattr__(self, "noise_multiplier", self.reference_noise)
         check_real("noise_multiplier", self.noise_multiplier, low=0.0)
+
+    def _key(self) -> tuple:
+        return repr(self.event), self.relation, self.noise_multiplier
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EventRun) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     @property
     def reference_noise(self) -> float:
@@ -239,18 +245,12 @@ class EventRun(curves.ClaimedMechanism):
     @property
     def sampling_rate(self) -> float:
         """q of a DP-SGD event (what k*'s participation model needs); a ``ValueError`` for any other."""
-        return self._dpsgd()[1]
+        return _dpsgd(self.event)[1]
 
     @property
     def steps(self) -> int:
         """The steps of a DP-SGD event; a ``ValueError`` for any other."""
-        return self._dpsgd()[2]
-
-    def _dpsgd(self) -> tuple[float, float, int]:
-        shape = _dpsgd_shape(self.event)
-        if shape is None:
-            raise ValueError(f"the claimed event is not DP-SGD (a self-composed, Poisson-sampled Gaussian): {self.event!r}")
-        return shape
+        return _dpsgd(self.event)[2]
 
     def accountant(self):
         """dp_accounting's PLD accountant with this member's event composed, in :attr:`relation` (once per
