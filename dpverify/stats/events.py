@@ -138,10 +138,8 @@ def request_numbers(claim: Any) -> tuple[float, float, int]:
     structure spans (BandMF's event composes fewer Gaussians than the run has steps)."""
     if claim.noise_structure is None:
         return dpsgd_numbers(claim)
-    shape = _dpsgd_shape(claim.dp_event)
-    if shape is None:
-        raise ValueError(f"the claimed event is not a (Poisson-sampled) Gaussian mechanism: {claim.dp_event!r}")
-    return shape[0], shape[1], claim.noise_structure.steps
+    sigma, rate, _ = _dpsgd(claim.dp_event)
+    return sigma, rate, claim.noise_structure.steps
 
 
 def correlated_noise(claim: Any) -> tuple[Any, float]:
@@ -157,13 +155,12 @@ def correlated_noise(claim: Any) -> tuple[Any, float]:
     pattern it was accounted for, which a claim does not state yet."""
     from dpverify.stats.correlated import min_separation_sensitivity
 
-    shape = _dpsgd_shape(claim.dp_event)
-    if shape is None or shape[1] != 1:
+    sigma, rate, compositions = _dpsgd(claim.dp_event)
+    if rate != 1:
         raise ValueError(
             "correlated noise is scored for a full-batch Gaussian event (GaussianDpEvent(σ), self-composed or not; "
             f"every record in every step), got {claim.dp_event!r}"
         )
-    sigma, _, compositions = shape
     if sigma <= 0:
         raise ValueError(f"the claimed event adds no noise (noise multiplier {sigma:g}): nothing to decorrelate")
     structure = claim.noise_structure
