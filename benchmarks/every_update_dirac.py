@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from dpverify.audits import run_audit
-from dpverify.audits.planning import split_confidence
 from dpverify.audits.verdict import curve_outcome, guess_and_bound
 from dpverify.config import EVERY_UPDATE_SETTING, every_update_config
 from dpverify.registry import get_implementation
 from dpverify.stats.curves import ClaimedRun
+from dpverify.stats.decision import audit_decision
 from dpverify.stats.power import every_update_detection
 from dpverify.stats.scoring import subsampled_gaussian_log_likelihood_ratio
 
@@ -47,10 +47,10 @@ def ideal_bounds(config, claim: ClaimedRun, rng: np.random.Generator) -> tuple[f
         scores.append(subsampled_gaussian_log_likelihood_ratio(np.ones_like(shown), shown, noise_multiplier=claim.noise_multiplier,
                                                               sampling_rate=claim.sampling_rate))  # fmt: skip
     scores, membership = np.concatenate(scores), np.concatenate(bits)
-    steinke, curve = split_confidence(config.confidence)
-    outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=steinke, delta=DELTA)
-    tested = curve_outcome(outcome, claim, scores=scores, membership=membership, run_sizes=sizes,
-                           guess_rule=config.guess_rule, confidence=curve, delta=DELTA)  # fmt: skip
+    decision = audit_decision(claim, run_sizes=sizes, guess_rule=config.guess_rule, claimed_epsilon=claim.epsilon(DELTA),
+                              delta=DELTA, confidence=config.confidence)  # fmt: skip
+    outcome = guess_and_bound(scores, membership, guess_rule=config.guess_rule, confidence=decision.reported_confidences[0], delta=DELTA)
+    tested = curve_outcome(outcome, decision, scores=scores, membership=membership)
     return outcome.epsilon_lower_bound, tested.epsilon
 
 
@@ -91,7 +91,7 @@ def main() -> None:
     for case, stated in wrong.items():
         truth = claim.with_noise(claim.noise_multiplier / 2) if case == "half the noise" else claim
         share = every_update_detection(stated, truth=truth, run_sizes=gate.canaries_per_run, guess_rule=gate.guess_rule,
-                                       delta=DELTA, confidences=split_confidence(LEVEL), audits=args.audits,
+                                       delta=DELTA, confidence=LEVEL, audits=args.audits,
                                        rng=np.random.default_rng(1))  # fmt: skip
         detection.append(f"| {case} | σ {stated.noise_multiplier:g}, q {stated.sampling_rate:g}, {stated.steps} steps | {share:.0%} |")
         print(detection[-1], flush=True)

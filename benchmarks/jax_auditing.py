@@ -38,6 +38,7 @@ from scipy import stats
 from dpverify.audits import run_audit
 from dpverify.audits.planning import split_confidence
 from dpverify.audits.verdict import curve_outcome, guess_and_bound
+from dpverify.stats.decision import AuditDecision
 from dpverify.config import profile_config
 from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest
 from dpverify.registry import get_implementation, register_implementation
@@ -178,8 +179,10 @@ def simulation(args: argparse.Namespace) -> list[str]:
             scores = rng.standard_normal(args.canaries) + mu * members
             bits = np.where(members, 1, -1).astype(np.int8)
             outcome = guess_and_bound(scores, bits, guess_rule=rule, confidence=steinke_confidence, delta=args.delta)
-            curve = curve_outcome(outcome, claim, scores=scores, membership=bits, run_sizes=(args.canaries,),
-                                  guess_rule=rule, confidence=curve_confidence, delta=args.delta)  # fmt: skip
+            # Each test at its half of the level whether or not the other could refute: each is measured.
+            decision = AuditDecision(claim, (args.canaries,), rule, claim.epsilon(args.delta), args.delta, 0.95,
+                                     steinke_confidence, curve_confidence, decidable=True)  # fmt: skip
+            curve = curve_outcome(outcome, decision, scores=scores, membership=bits)
             values = [*_jax_estimates(scores, members, args.delta), outcome.epsilon_lower_bound, curve.epsilon]
             claims = [v > true_epsilon + 1e-9 for v in values[:-1]] + [curve.refuted]
             exceed += np.array(claims, dtype=int)

@@ -22,13 +22,16 @@ from dpverify.stats.power import refuted_separation  # noqa: E402
 from dpverify.stats.scoring import GuessRule  # noqa: E402
 
 #: The computation and the separation it must find (so that a changed computation is not timed as a speed).
+#: At 250 000 canaries the (ε, δ) test cannot refute, so the level rule gives the curve test all of the 0.999:
+#: the curve test at the level it had before the rule (half of 0.998), the same separation and CPU seconds
+#: (17.7 against 17.1 on 2026-11-28).
 RUN, RUN_SIZES, EXPECTED = ClaimedRun(noise_multiplier=1.2, steps=10), (10_000,) * 25, 3.72677996249965
 
 
 def main() -> None:
     started = time.process_time()
     found = refuted_separation(
-        RUN, run_sizes=RUN_SIZES, guess_rule=GuessRule(), claimed_epsilon=RUN.epsilon(1e-5), delta=1e-5, confidences=(0.999, 0.999)
+        RUN, run_sizes=RUN_SIZES, guess_rule=GuessRule(), claimed_epsilon=RUN.epsilon(1e-5), delta=1e-5, confidence=0.999
     )
     seconds = time.process_time() - started
     if found != EXPECTED:

@@ -648,7 +648,7 @@ def main() -> None:
     parser.add_argument("--implementations", nargs="+", default=["reference-dpsgd", "opacus-ghost"])
     parser.add_argument("--worlds", nargs="+", choices=SPEED_WORLDS, default=["worst_case_record"], help="speed: the worlds")
     parser.add_argument("--workers", type=int, default=2, help="executor-speed, scale: the pool's processes, the Ray cluster's CPUs")
-    parser.add_argument("--row9-runs", type=int, default=100_000, help="scale: runs per world of the row 9 audits")
+    parser.add_argument("--row9-runs", type=int, default=100_000, help="scale: runs per world of the class 9 audits")
     parser.add_argument("--mode-runs", type=int, default=100_000, help="scale: runs per world on Ray and in-process")
     parser.add_argument("--output", help="file name under benchmarks/results/")
     args = parser.parse_args()

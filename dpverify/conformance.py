@@ -56,6 +56,7 @@ __all__ = [
     "HANDS_OVER_NO_UPDATES",
     "designated_shapes",
     "check_update_hand_over",
+    "hand_over_gap",
     "run_conformance",
 ]
 
@@ -481,14 +482,23 @@ def check_update_hand_over(impl: Implementation, request: TrainingRequest) -> st
             f"{name}: softmax regression starts at zero, but the parameters handed over before the first step are not"
         )
         logits = request.features.astype(np.float64) @ weight.T + bias
-        mine = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
         out = _log_proba(impl, trained, request.features).astype(np.float64)
-        gap, tolerance = float(np.max(np.abs(mine - out))), _roundoff(request.dimension, out)
+        gap, tolerance = hand_over_gap(logits, out, dimension=request.dimension)
         assert gap <= tolerance, (
             f"{name}: the last parameters handed over are not the returned model's: their log-probabilities "
             f"differ by {gap:.3g} (float32 rounding allows {tolerance:.3g})"
         )
     return HANDS_OVER_EVERY_UPDATE
+
+
+def hand_over_gap(logits: np.ndarray, log_probs: np.ndarray, *, dimension: int) -> tuple[float, float]:
+    """max |log-softmax(``logits``) − ``log_probs``| over some records of ``dimension`` features, where
+    ``logits`` are those of the last softmax-regression parameters a trainer handed over and ``log_probs`` its
+    black box's answers, and the float32 rounding that allows (:func:`_roundoff`): a larger gap says the
+    parameters handed over are not the returned model's. The every-update audit asks it too."""
+    logits = np.asarray(logits, dtype=np.float64)
+    mine = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    return float(np.max(np.abs(mine - log_probs))), _roundoff(dimension, log_probs)
 
 
 def run_conformance(

@@ -9,6 +9,7 @@ from typing import Any, Callable, Literal, TypeVar
 import numpy as np
 
 from dpverify._text import decided_by, deficit_text
+from dpverify.canaries.worlds import WORLDS
 from dpverify.stats.power import LARGEST_DEFICIT, POWER, AuditPower
 
 Verdict = Literal["pass", "violation", "undecided", "error"]
@@ -257,8 +258,9 @@ class AuditResult:
             head += f" {self.claim_derivation}."
         if self.test_accuracy is not None:
             head += f" Test accuracy of the audited model: {self.test_accuracy:.2%}."
-        if self.power is not None:
-            head += f" {self.power_sentence()}"
+        power = self.power_sentence()
+        if power:
+            head += f" {power}"
         if self.verdict == "violation":
             return head + (
                 f" Refuted by {self.decided_by}."
@@ -285,13 +287,9 @@ class AuditResult:
         """What the audit could have caught, in words."""
         power = self.power
         if power is None:
-            if self.design == "two_world" and self.verdict != "error":
-                return (
-                    "Power: this world's score reads the spread of the outputs (the noise's scale), not the "
-                    "differing record, so it states no noise deficit; it catches noise or a normaliser that "
-                    "reads the dataset's size or the batch's."
-                )
-            return ""
+            world = (self.config or {}).get("worlds", {}).get("world") if self.design == "two_world" else None
+            reads = WORLDS[world].reads if world in WORLDS and self.verdict != "error" else None
+            return f"Power: {reads}." if reads else ""
         deficit = (
             "not stated (no validated model of this design's scores under a deficit)"
             if power.smallest_deficit is None
@@ -303,6 +301,7 @@ class AuditResult:
             f"Power: its scores carried ρ = {power.signal_fraction:.2f} of the claimed mechanism's signal "
             f"(GDP μ = {power.claimed_mu:.3g}; interval {power.signal_low:.2f} to {power.signal_high:.2f}); the "
             f"smallest noise deficit it would refute with probability ≥ {POWER:g}: {deficit}."
+            + (f" {power.above_claim_sentence()}" if power.above_claim else "")
         )
 
     def _headline(self) -> str:

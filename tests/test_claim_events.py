@@ -226,7 +226,7 @@ def test_an_events_family_scales_every_noise_multiplier_it_holds():
 
 
 def test_a_claim_untestable_in_the_design_that_contradicts_its_own_numbers_is_still_a_violation():
-    """bugs.md row 10 (opacus-replace-one-claim): an add/remove ε stated as replace-one, audited by the
+    """docs/bugs.md class 10 (opacus-replace-one-claim): an add/remove ε stated as replace-one, audited by the
     add/remove inclusion design, which cannot test a replace-one claim but still reads its numbers."""
     from dpverify.audits import run_audit
     from tests.doubles import GaussianMechanism

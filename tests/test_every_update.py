@@ -13,6 +13,7 @@ from dpverify.canaries.worlds import fixed_batch_spike, fixed_batch_worlds
 from dpverify.config import two_world_config
 from dpverify.contract import DPHyperparameters, ImplementationInfo, MLPArchitecture, PrivacyClaim
 from dpverify.gate import applicable_worlds
+from dpverify.results import AuditResult
 from tests.doubles import NumpyDPSGD
 
 #: The default gate's fixed-batch setting at the quick profile, as the audit designates it.
@@ -158,3 +159,23 @@ def test_a_trainer_that_hands_over_no_updates_is_not_run_never_passed():
 def test_the_gate_runs_the_fixed_batch_world_where_it_applies(fields, worlds):
     info = ImplementationInfo(name="x", library="x", **fields)
     assert applicable_worlds(info) == worlds
+
+
+@pytest.mark.parametrize(
+    "world, reads, catches",
+    [
+        ("fixed_batch", "it reads the batch sampler, not the noise", "It catches fixed-size batches of a shuffled dataset"),
+        ("dataset_size", "the noise's scale", "it states no noise deficit"),
+        ("realised_batch", "the noise's scale", "it states no noise deficit"),
+    ],
+)
+def test_a_worlds_pass_says_what_its_score_reads_and_catches_and_promises_no_noise_deficit(world, reads, catches):
+    """A world whose score does not read the differing record states no power of its own: its pass says what
+    it reads instead (the fixed-batch world: the batch sampler, never the noise)."""
+    result = AuditResult(
+        implementation="x", design="two_world", relation="add_remove", claimed_epsilon=5.0, delta=1e-5,
+        epsilon_lower_bound=0.0, confidence=0.95, m=160, guesses=160, correct=80, optimal_epsilon=6.0,
+        verdict="pass", seed=0, device="cpu", seconds=1.0, config={"worlds": {"world": world}},
+    )  # fmt: skip
+    assert reads in result.summary() and catches in result.summary()
+    assert "it catches noise" not in result.summary()

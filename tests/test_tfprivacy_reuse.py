@@ -123,7 +123,7 @@ def test_noise_of_a_reused_step_has_the_intended_scale_and_is_fresh_per_seed(reu
 
 
 def test_each_variant_has_its_own_trace_and_the_cache_is_bounded(reuse):
-    """Every variant that changes TF-Privacy's step traces its own; the row 7 variant and the fixed-batch path
+    """Every variant that changes TF-Privacy's step traces its own; the class 7 variant and the fixed-batch path
     run the correct step (they change the learning rate or the batches, outside the trace) and share the
     correct path's."""
     keys = []

@@ -595,7 +595,7 @@ def test_microbatches_clip_pair_means(size):
 
 
 def test_variants_keep_opacus_claim():
-    """Apart from rows 8 and 10, whose bug is the claim, a variant states exactly the correct Opacus claim."""
+    """Apart from classes 8 and 10 (docs/bugs.md), whose bug is the claim, a variant states exactly the correct Opacus claim."""
     request = conformance.small_request()
     correct = get_implementation("opacus-ghost").train(request).claim
     for spec in dpverify_opacus.VARIANTS:

@@ -146,7 +146,7 @@ def test_the_realised_batch_world_sees_a_normaliser_that_reads_the_sampled_batch
     from dpverify_opacus import variant
 
     world = TwoWorldConfig(world="realised_batch", records=1, outputs=1024).worlds()
-    assert world.name == "realised-batch-1-vs-2" and "row 7" in world.targets
+    assert world.name == "realised-batch-1-vs-2" and "class 7" in world.targets
     hp = DPHyperparameters(noise_multiplier=3.0, sampling_rate=0.5, epochs=1, learning_rate=1.0)
     outcome = {}
     for impl in (variant("opacus-realised-batch-norm"), get_implementation("opacus-ghost")):

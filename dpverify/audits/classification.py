@@ -38,6 +38,7 @@ from dpverify.audits.verdict import audit_through_contract, conclude_runs
 from dpverify.canaries.synthetic import Canaries, make_canaries
 from dpverify.canaries.updates import DiracUpdates, UpdatesMissing
 from dpverify.config import AuditConfig
+from dpverify.conformance import hand_over_gap
 from dpverify.contract import DPHyperparameters, Implementation, StepProgress, TrainedModel, TrainingRequest
 from dpverify.execution import Executor, InProcessExecutor, Parcel, chunks
 from dpverify.results import AuditResult
@@ -132,7 +133,7 @@ def _one_run(
 
     def score(trained: TrainedModel) -> tuple[np.ndarray, np.ndarray, None]:
         if updates is not None:
-            return every_update_scores(updates, trained), drawn_before, None
+            return every_update_scores(updates, trained, features=canaries.features), drawn_before, None
         log_probs = query_black_box(trained, canaries.features, expected_shape=(m, canaries.num_classes))
         membership = membership_after_training(drawn_before, membership_rng, m)
         if drawn_before is None:
@@ -169,18 +170,29 @@ def _update_reader(config: AuditConfig, canaries: Canaries) -> DiracUpdates:
     )
 
 
-def every_update_scores(updates: DiracUpdates, trained: TrainedModel) -> np.ndarray:
+def every_update_scores(updates: DiracUpdates, trained: TrainedModel, *, features: np.ndarray) -> np.ndarray:
     """Each canary's log-likelihood ratio of its every step, against the σ and q the run claims
     (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`), or decorrelated by the
-    claim's noise structure (:func:`_decorrelated_scores`); a trainer that handed nothing over makes the
-    audit "not run" (:class:`~dpverify.audits.training.ObservationMissing`), one that handed over only some
-    steps an error."""
+    claim's noise structure (:func:`_decorrelated_scores`). The updates are audited only
+    if they are the returned model's: a trainer that handed nothing over, only some steps or the wrong
+    parameters, or whose last parameters handed over do not reproduce its black box on the canaries
+    (``features``, within float32 rounding: :func:`~dpverify.conformance.hand_over_gap`) makes the audit
+    "not run" (:class:`~dpverify.audits.training.ObservationMissing`): updates frozen at the start, taken
+    from another run or another model say nothing about the model returned."""
     try:
         signal, projection = updates.statistics()
     except UpdatesMissing as missing:
         raise ObservationMissing(str(missing), device=trained.device) from None
-    except ValueError as partial:
-        raise AuditFailure(str(partial), device=trained.device) from None
+    log_probs = query_black_box(trained, features, expected_shape=(features.shape[0], updates.num_classes))
+    gap, tolerance = hand_over_gap(updates.last_logits(), log_probs, dimension=features.shape[1])
+    if gap > tolerance:
+        raise ObservationMissing(
+            "the updates handed over are not the returned model's: the last parameters handed over give the "
+            f"canaries log-probabilities that differ from the black box's by up to {gap:.3g} (float32 rounding "
+            f"allows {tolerance:.3g}); hand over the parameters of the model being trained, after each step "
+            "(not a frozen copy, nor another run's or another model's)",
+            device=trained.device,
+        )
     if trained.claim.noise_structure is not None:
         return _decorrelated_scores(updates, trained)
     from dpverify.stats.events import dpsgd_numbers

@@ -22,7 +22,6 @@ from dpverify.audits.planning import (
     audit_ceiling,
     canaries_needed,
     pooled_looks,
-    split_confidence,
 )
 from dpverify.audits.training import (
     AuditClock,
@@ -37,8 +36,9 @@ from dpverify.config import OBSERVATIONS
 from dpverify.contract import Implementation, Request, TrainedModel
 from dpverify.results import POWER_STEP, AuditResult, beside_verdict, result_without_bound
 from dpverify.stats.bounds import epsilon_lower_bound
-from dpverify.stats.curves import ClaimedRun, combined_curve_test, combined_refutes, curve_refutes, curve_test
-from dpverify.stats.power import AuditPower, judge, measure_power, one_run_catches, one_run_deficit
+from dpverify.stats.decision import AuditDecision, audit_decision
+from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, one_run_catches, one_run_deficit, separation
+from dpverify.stats.update_power import every_update_catches
 from dpverify.stats.scoring import GuessRule, correct_counts
 
 
@@ -140,76 +140,52 @@ class CurveOutcome:
     runs: int
 
 
-def curve_outcome(
-    outcome: GuessOutcome,
-    run: ClaimedRun,
-    *,
-    scores: np.ndarray,
-    membership: np.ndarray,
-    run_sizes: tuple[int, ...],
-    guess_rule: GuessRule,
-    confidence: float,
-    delta: float,
-) -> CurveOutcome:
-    """The curve test of ``run`` at ``confidence`` split over the guess grid: on ``outcome``'s counts for
-    one run; for R pooled runs (``scores`` and ``membership`` run after run, ``run_sizes`` long), each run
-    guesses on its own scores and :func:`~dpverify.stats.curves.combined_curve_test` combines them."""
-    per_count = guess_rule.corrected_confidence(confidence)
-    guesses, correct = _curve_counts(outcome, scores=scores, membership=membership, run_sizes=run_sizes, guess_rule=guess_rule)
-    if len(run_sizes) == 1:
-        result = curve_test(run_sizes[0], guesses, correct, claim=run, delta=delta, confidence=per_count)
-    else:
-        result = combined_curve_test(run_sizes, guesses, correct, claim=run, delta=delta, confidence=per_count)
-    return CurveOutcome(
-        result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, len(run_sizes)
-    )
+def curve_outcome(outcome: GuessOutcome, decision: AuditDecision, *, scores: np.ndarray, membership: np.ndarray) -> CurveOutcome:
+    """The curve test of ``decision`` as the audit reports it: on ``outcome``'s counts for one run; for R
+    pooled runs (``scores`` and ``membership`` run after run), each run guesses on its own scores and the
+    runs' tests are combined (:meth:`~dpverify.stats.decision.AuditDecision.curve_test`)."""
+    _, correct = outcome.counts
+    result = decision.curve_test(correct, _run_correct(decision, scores, membership)(np.arange(1))[:, 0])
+    runs = len(decision.run_sizes)
+    return CurveOutcome(result.refuted, result.epsilon, result.claimed_epsilon, result.p_value, result.mu, result.refutable, runs)
 
 
-def curve_refuted(run: ClaimedRun, guesses: np.ndarray, correct: np.ndarray, *, run_sizes: tuple[int, ...], confidence: float) -> bool:
-    """:func:`curve_outcome`'s ``refuted`` from its counts (:func:`_curve_counts`) at its per-count
-    ``confidence``: the same recursion at the same level, without the search for the weakest refuted member
-    of the claim's family (a bisection over σ with a PLD curve a step at q < 1), which is most of the
-    test's cost and only a concluded audit reports."""
-    if len(run_sizes) == 1:
-        return bool(np.any(curve_refutes(run_sizes[0], guesses, correct, curve=run.curve(), confidence=confidence)))
-    return bool(np.any(combined_refutes(run_sizes, guesses, correct, curve=run.curve(), confidence=confidence)))
+def _run_correct(decision: AuditDecision, scores: np.ndarray, membership: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Each run's correct guesses on its own scores, (R, 1, K) for the one audit ``scores`` holds (run after
+    run), as :class:`~dpverify.stats.decision.AuditDecision` asks for them (only where it needs them)."""
+    rule = decision.guess_rule
 
+    def run_correct(rows: np.ndarray) -> np.ndarray:
+        parts = np.split(np.arange(scores.shape[0]), np.cumsum(decision.run_sizes)[:-1])
+        per_run = [correct_counts(scores[i], membership[i], row, sides=rule.sides) for i, row in zip(parts, decision.run_counts)]
+        return np.array(per_run)[:, None, :]
 
-def _curve_counts(
-    outcome: GuessOutcome, *, scores: np.ndarray, membership: np.ndarray, run_sizes: tuple[int, ...], guess_rule: GuessRule
-) -> tuple[np.ndarray, np.ndarray]:
-    """The curve test's ``(guesses, correct)``: ``outcome``'s counts for one run; each run's own guesses on its
-    own scores, (R, K), for R pooled runs."""
-    if len(run_sizes) == 1:
-        return outcome.counts
-    guesses = guess_rule.run_counts(run_sizes)
-    parts = np.split(np.arange(scores.shape[0]), np.cumsum(run_sizes)[:-1])
-    correct = np.array([correct_counts(scores[i], membership[i], row, sides=guess_rule.sides) for i, row in zip(parts, guesses)])
-    return guesses, correct
+    return run_correct
 
 
 def decide_verdict(
-    config: AuditSettings, lower_bound: float, claimed: float, m: int, *, delta: float, curve: CurveOutcome | None = None
+    config: AuditSettings, lower_bound: float, claimed: float, *, delta: float, curve: CurveOutcome, decidable: bool
 ) -> tuple[str, int | None]:
     """``(verdict, canaries needed)``: violation when ε_L exceeds the claim or the curve test refutes the
-    claimed curve; undecided when neither test could ever refute it at this m (the claim at or above the
-    ceiling ε_O at the claim's ``delta``, and the curve out of reach), with the m that would decide the
-    (ε, δ) test; else pass. A NaN claim or ε_L is an :class:`AuditFailure`, never a verdict."""
+    claimed curve; undecided when neither test could ever refute it at the audit's m with its share of the level
+    (``decidable`` false: :class:`~dpverify.stats.decision.AuditDecision`), with the m that would decide
+    the (ε, δ) test at the claim's ``delta``; else pass. A NaN claim or ε_L is an :class:`AuditFailure`,
+    never a verdict."""
     if math.isnan(claimed) or math.isnan(lower_bound):
         raise AuditFailure(f"cannot decide on claimed ε = {claimed} and ε_L = {lower_bound}")
-    if lower_bound > claimed or (curve is not None and curve.refuted):
+    if lower_bound > claimed or curve.refuted:
         return "violation", None
-    if claimed >= audit_ceiling(config, m, delta=delta) and (curve is None or not curve.decidable):
+    if not decidable:
         return "undecided", canaries_needed(config, claimed, delta=delta)
     return "pass", None
 
 
 @dataclass(frozen=True)
 class LookOutcome:
-    """Both tests of an audit's pooled runs at one look's ``confidence`` (:mod:`dpverify.stats.looks`): the
-    runs' ``scores`` and ``membership`` end to end, the (ε, δ) test's ``outcome``, the curve test's
-    ``curve``, the ``verdict`` they give (with ``needed`` canaries when undecided), the claim's mechanism
-    ``run``, its δ and the runs' sizes."""
+    """Both tests of an audit's pooled runs at one look (:mod:`dpverify.stats.looks`): the runs' ``scores``
+    and ``membership`` end to end, the (ε, δ) test's ``outcome``, the curve test's ``curve``, the
+    ``verdict`` they give (with ``needed`` canaries when undecided) and the ``decision`` they were made by
+    (the claim's mechanism, its δ, the runs' sizes, the look's confidence and each test's share of it)."""
 
     scores: np.ndarray
     membership: np.ndarray
@@ -217,56 +193,49 @@ class LookOutcome:
     curve: CurveOutcome
     verdict: str
     needed: int | None
-    confidence: float
-    run: ClaimedRun
-    delta: float
-    run_sizes: tuple[int, ...]
+    decision: AuditDecision
 
 
 def tested_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: float, confidence: float) -> LookOutcome:
-    """Both tests of the ``pooled`` runs so far at ``confidence`` (split evenly between them) and the verdict
-    they give; ``claimed`` is :func:`claimed_epsilon` of the runs' claim (pooled runs make one). Both tests
-    use the δ the claim holds at (design rule 8)."""
-    scores, membership, run_sizes, run, outcome = _guessed_at_look(config, pooled, confidence=confidence)
-    delta = pooled[0].claim.delta
-    curve = curve_outcome(
-        outcome,
-        run,
-        scores=scores,
-        membership=membership,
-        run_sizes=run_sizes,
-        guess_rule=config.guess_rule,
-        confidence=split_confidence(confidence)[1],
-        delta=delta,
+    """Both tests of the ``pooled`` runs so far at ``confidence``, shared by the level rule
+    (:func:`~dpverify.stats.decision.audit_decision`), and the verdict they give; ``claimed`` is
+    :func:`claimed_epsilon` of the runs' claim (pooled runs make one). Both tests use the δ the claim holds
+    at (design rule 8)."""
+    scores, membership, decision = _decision_at_look(config, pooled, claimed=claimed, confidence=confidence)
+    outcome = guess_and_bound(
+        scores, membership, guess_rule=config.guess_rule, confidence=decision.reported_confidences[0], delta=decision.delta
     )
-    verdict, needed = decide_verdict(config, outcome.epsilon_lower_bound, claimed, int(sum(run_sizes)), delta=delta, curve=curve)
-    return LookOutcome(scores, membership, outcome, curve, verdict, needed, confidence, run, delta, run_sizes)
+    curve = curve_outcome(outcome, decision, scores=scores, membership=membership)
+    verdict, needed = decide_verdict(
+        config, outcome.epsilon_lower_bound, claimed, delta=decision.delta, curve=curve, decidable=decision.decidable
+    )
+    return LookOutcome(scores, membership, outcome, curve, verdict, needed, decision)
 
 
 def refuted_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: float, confidence: float) -> bool:
-    """Whether :func:`tested_at_look`'s verdict is a violation, decided by the same tests at the same levels
-    without the curve test's search for the weakest refuted member: an early look that does not stop the
-    audit needs no more (the (ε, δ) test's ε_L exceeds ``claimed`` only where it refutes ``claimed``, and
-    the curve test's ``refuted`` is :func:`curve_refuted`)."""
-    scores, membership, run_sizes, run, outcome = _guessed_at_look(config, pooled, confidence=confidence)
-    if outcome.epsilon_lower_bound > claimed:
-        return True
-    rule = config.guess_rule
-    guesses, correct = _curve_counts(outcome, scores=scores, membership=membership, run_sizes=run_sizes, guess_rule=rule)
-    return curve_refuted(run, guesses, correct, run_sizes=run_sizes, confidence=rule.corrected_confidence(split_confidence(confidence)[1]))
+    """Whether :func:`tested_at_look`'s verdict is a violation, decided by the same decision at the same
+    levels (:meth:`~dpverify.stats.decision.AuditDecision.refutes`) without the curve test's search for
+    the weakest refuted member: an early look that does not stop the audit needs no more."""
+    scores, membership, decision = _decision_at_look(config, pooled, claimed=claimed, confidence=confidence)
+    correct = correct_counts(scores, membership, decision.counts, sides=config.guess_rule.sides)
+    return bool(decision.refutes(np.asarray(correct)[None, :], _run_correct(decision, scores, membership))[0])
 
 
-def _guessed_at_look(config: AuditSettings, pooled: list[ScoredRun], *, confidence: float):
-    """The ``pooled`` runs' scores and membership end to end, their sizes, the claim's mechanism in the
-    design's relation and the (ε, δ) test's :class:`GuessOutcome` at its half of ``confidence``."""
+def _decision_at_look(config: AuditSettings, pooled: list[ScoredRun], *, claimed: float, confidence: float):
+    """The ``pooled`` runs' scores and membership end to end, and the :class:`AuditDecision` of the claim's
+    mechanism in the design's relation at this look's ``confidence``."""
     scores = np.concatenate([run.scores for run in pooled])
     membership = np.concatenate([run.membership for run in pooled])
-    run_sizes = tuple(len(run.scores) for run in pooled)
     claim = pooled[0].claim
-    outcome = guess_and_bound(
-        scores, membership, guess_rule=config.guess_rule, confidence=split_confidence(confidence)[0], delta=claim.delta
+    decision = audit_decision(
+        claimed_run(claim, config.relation),
+        run_sizes=tuple(len(run.scores) for run in pooled),
+        guess_rule=config.guess_rule,
+        claimed_epsilon=claimed,
+        delta=claim.delta,
+        confidence=confidence,
     )
-    return scores, membership, run_sizes, claimed_run(claim, config.relation), outcome
+    return scores, membership, decision
 
 
 def concluded_result(
@@ -285,35 +254,27 @@ def concluded_result(
     trained = pooled[0]
     not_designated = next((run.not_designated for run in pooled if run.not_designated), None)
     scores, membership = tested.scores, tested.membership
-    m = int(sum(tested.run_sizes))
+    decision = tested.decision
+    m, delta = int(sum(decision.run_sizes)), decision.delta
     claimed, derivation = claim
-    outcome, curve, verdict, needed, delta = tested.outcome, tested.curve, tested.verdict, tested.needed, tested.delta
+    outcome, curve, verdict, needed = tested.outcome, tested.curve, tested.verdict, tested.needed
     failures: list[tuple[str, str]] = []
     # The claim check can only turn a verdict into a violation: should it fail, the tests' verdict stands.
     inconsistency = beside_verdict("claim check", lambda: claim_inconsistency(trained.claim), failures)
-    # An every-update score is a likelihood ratio over the steps, not the participation sum k*'s model
-    # simulates: its power is not stated rather than predicted from the wrong distribution.
-    every_update = getattr(config, "observe", "final_model") == "every_update"
     simulated = dict(
-        run_sizes=tested.run_sizes,
+        run_sizes=decision.run_sizes,
         guess_rule=config.guess_rule,
         claimed_epsilon=claimed,
         delta=delta,
-        confidences=split_confidence(tested.confidence),
-    )
-    # k* where its model is validated; elsewhere only whether a LARGEST_DEFICIT-fold deficit is caught.
-    deficit = (
-        {"smallest_deficit": lambda fraction: one_run_deficit(tested.run, fraction=fraction, **simulated)}
-        if deficit_modelled(config)
-        else {"catches_largest": lambda fraction: one_run_catches(tested.run, fraction=fraction, **simulated)}
+        confidence=decision.confidence,
     )
     verdict, power = power_beside_verdict(
         verdict,
-        lambda: None if every_update else measure_power(
-            tested.run,
+        lambda: measure_power(
+            decision.run,
             scores,
             membership,
-            **deficit,
+            **_deficit_question(config, tested, simulated),
             expected_signal=expected_signal(config),
             not_designated=not_designated,
         ),
@@ -351,6 +312,27 @@ def concluded_result(
     )
 
 
+def _deficit_question(config: AuditSettings, tested: LookOutcome, simulated: dict[str, Any]) -> dict[str, Callable[[float], Any]]:
+    """What :func:`~dpverify.stats.power.measure_power` asks of a noise deficit: k* where its model is
+    validated (:func:`deficit_modelled`); elsewhere only whether a LARGEST_DEFICIT-fold deficit is caught, by
+    the one-run model or, for an every-update audit, by its own simulated audits
+    (:func:`~dpverify.stats.update_power.every_update_catches`), asked first at ρ's lower limit: caught there,
+    it is caught at ρ too, and one simulation answers both questions."""
+    decision = tested.decision
+    run = decision.run
+    if deficit_modelled(config):
+        return {"smallest_deficit": lambda fraction: one_run_deficit(run, fraction=fraction, **simulated)}
+    if getattr(config, "observe", "final_model") != "every_update":
+        return {"catches_largest": lambda fraction: one_run_catches(run, fraction=fraction, **simulated)}
+    catches = every_update_catches(
+        run, run_sizes=decision.run_sizes, guess_rule=config.guess_rule, delta=decision.delta, confidence=decision.confidence
+    )
+    low = separation(tested.scores, tested.membership).low / gdp_mu(run)
+    if low > 0:
+        catches(low)
+    return {"catches_largest": catches}
+
+
 def power_beside_verdict(
     verdict: str, measure: Callable[[], AuditPower | None], failures: list[tuple[str, str]]
 ) -> tuple[str, AuditPower | None]:
@@ -377,10 +359,14 @@ DIRAC_SIGNAL_FLOOR = 0.5
 def deficit_modelled(config: AuditSettings) -> bool:
     """Whether k* is stated for ``config``'s design: Dirac canaries in softmax regression, the inclusion
     design, where a canary's score is its participations times its clipped gradient plus the noise
-    (:mod:`dpverify.stats.power`), checked against real noise deficits (benchmarks/results/kstar-validation.md)."""
+    (:mod:`dpverify.stats.power`), checked against real noise deficits (benchmarks/results/kstar-validation.md).
+    Not for the every-update audit: its score is a likelihood ratio over the steps, not that sum, and no k*
+    has been checked against its real deficits, so k* is "not stated" (:mod:`dpverify.stats.update_power`
+    says whether it would catch a LARGEST_DEFICIT-fold deficit)."""
     architecture = getattr(config, "architecture", None)
     return (
-        getattr(config, "design", None) == "inclusion"
+        getattr(config, "observe", "final_model") == "final_model"
+        and getattr(config, "design", None) == "inclusion"
         and getattr(getattr(config, "canaries", None), "mode", None) == "dirac"
         and getattr(architecture, "hidden_width", None) == 0
     )
@@ -390,7 +376,10 @@ def expected_signal(config: AuditSettings) -> float | None:
     """The least signal fraction a correct implementation's scores carry in ``config``'s design, where it is
     measured: Dirac canaries in softmax regression, Dirac token canaries in the zero-initialised
     transformer or a layer design's owning canaries, the inclusion design, at full batch (where the claimed
-    μ is exact) get :data:`DIRAC_SIGNAL_FLOOR`. Elsewhere ``None``: the pair design carries about 0.76 at the
+    μ is exact) get :data:`DIRAC_SIGNAL_FLOOR`, and so does the every-update audit at any q: its score is the
+    claim's own likelihood ratio, which separates by 0.975–1.005 of the claimed μ in simulation of the claimed
+    mechanism and by 0.97–0.98 in reference-dpsgd, opacus-ghost and tf-privacy-keras at the gate's setting
+    (benchmarks/results/every-update-power.md). Elsewhere ``None``: the pair design carries about 0.76 at the
     quick profile but 0.17 in a drawn configuration of reference-dpsgd, so no floor is known there."""
     canaries, architecture = getattr(config, "canaries", None), getattr(config, "architecture", None)
     hyperparameters = getattr(config, "hyperparameters", None)
@@ -401,7 +390,7 @@ def expected_signal(config: AuditSettings) -> float | None:
     if (
         getattr(config, "design", None) == "inclusion"
         and (dirac or layer)
-        and getattr(hyperparameters, "sampling_rate", None) == 1.0
+        and (getattr(hyperparameters, "sampling_rate", None) == 1.0 or getattr(config, "observe", None) == "every_update")
     ):
         return DIRAC_SIGNAL_FLOOR
     return None

@@ -29,7 +29,9 @@ __all__ = ["DiracUpdates", "UpdatesMissing"]
 
 
 class UpdatesMissing(Exception):
-    """The trainer never handed over its updates (``Request.observe_update`` was not called)."""
+    """The trainer did not hand over the updates the audit reads: none at all (``Request.observe_update`` was
+    never called), only some of the steps, or parameters that are not the designated softmax regression's.
+    The adversary of every update then saw nothing it can be audited on: the audit did not run."""
 
 
 class DiracUpdates:
@@ -38,8 +40,12 @@ class DiracUpdates:
 
     ``labels`` (m,) are the canaries' trained labels, canary j owning input coordinate j; ``normaliser``
     the public constant the step's noisy sum is divided by; ``steps`` the steps the request designates.
-    Parameters handed over out of order, of the wrong shape or past ``steps`` raise ``ValueError`` in the
-    trainer (the audit then ends in ``error``); :meth:`statistics` says what was seen."""
+    Parameters handed over out of order, of the wrong shape or past ``steps`` are a fault, kept (the first
+    one) and raised by :meth:`statistics` as :class:`UpdatesMissing`, not in the trainer: what the trainer
+    hands over wrongly makes the audit not run, never an error of the trainer's. NaN or infinite
+    parameters raise ``ValueError`` in the trainer (training diverged: the audit ends in ``error``).
+    :meth:`last_logits` are the canaries' logits under the last parameters handed over, which must be the
+    returned model's."""
 
     def __init__(
         self,
@@ -66,26 +72,37 @@ class DiracUpdates:
         self.gradients = np.zeros((m, self.steps, self.num_classes))
         self.released = np.zeros((m, self.steps, self.num_classes))
         self.handed_over = 0  # parameters seen: the initial ones, then one per step
+        self.fault: str | None = None  # the first thing handed over wrongly
         self._previous: tuple[np.ndarray, np.ndarray] | None = None
 
     def __call__(self, step: int, parameters: tuple[np.ndarray, ...]) -> None:
-        if step != self.handed_over or step > self.steps:
-            expected = f"step {self.handed_over}" if self.handed_over <= self.steps else f"no more than {self.steps} steps"
-            raise ValueError(f"observe_update was called for step {step}, expected {expected} (0 before the first step)")
+        if self.fault is not None:
+            return
+        self.fault = self._fault(step, parameters)
+        if self.fault is not None:
+            return
         weight, bias = self._checked(parameters)
         if step:
             self._read_step(step - 1, weight, bias)
         self._previous = (weight, bias)
         self.handed_over += 1
 
-    def _checked(self, parameters: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    def _fault(self, step: int, parameters: tuple[np.ndarray, ...]) -> str | None:
+        """What is wrong with handing ``parameters`` over after ``step``, or ``None``."""
+        if step != self.handed_over or step > self.steps:
+            expected = f"step {self.handed_over}" if self.handed_over <= self.steps else f"no more than {self.steps} steps"
+            return f"observe_update was called for step {step}, expected {expected} (0 before the first step)"
         m = self.labels.shape[0]
         shapes = tuple(np.shape(p) for p in parameters)
         if len(parameters) != 2 or len(shapes[0]) != 2 or shapes[0][0] != self.num_classes or shapes[0][1] < m or shapes[1] != (self.num_classes,):
-            raise ValueError(
+            return (
                 f"observe_update takes the softmax regression's (weight, bias) of shapes ({self.num_classes}, d >= {m}) "
-                f"and ({self.num_classes},), in torch's nn.Linear layout; got shapes {shapes}"
+                f"and ({self.num_classes},), in torch's nn.Linear layout; got shapes {shapes} after step {step}"
             )
+        return None
+
+    def _checked(self, parameters: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+        m = self.labels.shape[0]
         weight = np.asarray(parameters[0], dtype=np.float64)[:, :m]
         bias = np.asarray(parameters[1], dtype=np.float64)
         if not (np.all(np.isfinite(weight)) and np.all(np.isfinite(bias))):
@@ -112,7 +129,8 @@ class DiracUpdates:
 
     def statistics(self) -> tuple[np.ndarray, np.ndarray]:
         """``(c, s)``, each (m, steps): every canary's signal and projection at every step. Raises
-        :class:`UpdatesMissing` when nothing was handed over, ``ValueError`` when only some steps were."""
+        :class:`UpdatesMissing` when nothing was handed over, only some steps were, or something was handed
+        over wrongly (:attr:`fault`)."""
         self._check_complete()
         return self.signal, self.projection
 
@@ -124,13 +142,21 @@ class DiracUpdates:
         return self.gradients, self.released
 
     def _check_complete(self) -> None:
+        if self.fault is not None:
+            raise UpdatesMissing(f"the trainer handed its updates over wrongly: {self.fault}")
         if self.handed_over == 0:
             raise UpdatesMissing(
                 "the trainer handed over no updates (it never called Request.observe_update), so the adversary "
                 "of every update saw nothing"
             )
         if self.handed_over != self.steps + 1:
-            raise ValueError(
+            raise UpdatesMissing(
                 f"the trainer handed over the parameters of {self.handed_over - 1} of the {self.steps} steps the "
                 "request designates (observe_update(0, ...) before the first step, then one call after each step)"
             )
+
+    def last_logits(self) -> np.ndarray:
+        """(m, C): each Dirac canary's logits a·W[:, j] + b under the last parameters handed over (call after
+        :meth:`statistics`)."""
+        weight, bias = self._previous
+        return (self.feature_scale * weight + bias[:, None]).T

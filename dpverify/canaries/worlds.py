@@ -417,9 +417,11 @@ class World:
     see its rows, so an implementation of one gets this world in place of that audit. ``records_multiple``:
     D's size is a multiple of it; ``outputs``: the one number of classes it takes (``None``: any).
     ``designates_sigma``: its score needs a designated noise multiplier, which drawn configurations (they
-    target an ε) leave out, so the strategies draw it only when named. ``relations``: the neighbouring
-    relations its datasets can be built in (the first by default; ``maker``'s ``relation=`` picks another),
-    each the relation its audit tests a claim in: a claim it cannot test there is ``undecided``
+    target an ε) leave out, so the strategies draw it only when named. ``reads``: for a world that states no
+    power of its own, what its score reads and so what its pass vouches for, shown with its verdict (a world
+    whose score reads the differing record's pull, :data:`RECORD_SCORES`, states its ρ and k* instead).
+    ``relations``: the neighbouring relations its datasets can be built in (the first by default; ``maker``'s
+    ``relation=`` picks another), each the relation its audit tests a claim in: a claim it cannot test there is ``undecided``
     (:func:`dpverify.audits.claims.relation_gap`). The worlds that read the dataset's size, its batches or its
     microbatches add one record (add/remove: their bugs live in what a size-preserving relation hides); the
     worst-case record is added, or its label flipped (replace-one, where add/remove and zero-out claims are
@@ -437,6 +439,7 @@ class World:
     records_multiple: int = 1
     outputs: int | None = None
     designates_sigma: bool = False
+    reads: str | None = None
     relations: tuple[str, ...] = ("add_remove",)
 
     def __post_init__(self) -> None:
@@ -492,11 +495,23 @@ def world_names() -> tuple[str, ...]:
 register_world(World(
     name="dataset_size", maker=dataset_size_worlds, bugs=(7,),
     quick_setting=dict(runs=50, records=2, outputs=1024, noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=1.0),
+    reads=(
+        "this world's score reads the spread of the outputs on the copies' point: the noise's scale after the "
+        "step's division, which a correct implementation keeps the same in both worlds. It catches a normaliser, "
+        "sampling rate or step count derived from the dataset's size; it states no noise deficit (a deficit "
+        "shrinks the noise in both worlds alike)"
+    ),
 ))
 register_world(World(
     name="fixed_batch", maker=fixed_batch_worlds, bugs=(9,),
     quick_setting=dict(runs=160, records=79, outputs=2, noise_multiplier=0.8, sampling_rate=0.1, epochs=2, learning_rate=2e-3),
     normaliser="batch_size", once_per_sampler=True, full_batch_blind=True, outputs=2, designates_sigma=True,
+    reads=(
+        "this world's score reads each released update along the canary's direction against the batches the "
+        "sampler forms: it reads the batch sampler, not the noise. It catches fixed-size batches of a shuffled "
+        "dataset accounted as Poisson sampling; it states no noise deficit, and a Poisson trainer that adds too "
+        "little noise, or none, is not what it catches (the one-run and every-update audits test the noise)"
+    ),
 ))
 register_world(World(
     name="microbatch", maker=microbatch_worlds, bugs=(11,),
@@ -506,6 +521,11 @@ register_world(World(
 register_world(World(
     name="realised_batch", maker=realised_batch_worlds, bugs=(7,),
     quick_setting=dict(runs=100, records=1, outputs=1024, noise_multiplier=10.0, sampling_rate=0.5, epochs=2, learning_rate=1.0),
+    reads=(
+        "this world's score reads the spread of the outputs: the noise's scale in each step, which a correct "
+        "implementation keeps the same in both worlds. It catches a noisy sum divided by the sampled batch's "
+        "size; it states no noise deficit (a deficit shrinks the noise in both worlds alike)"
+    ),
 ))
 register_world(World(
     name="worst_case_record", maker=worst_case_record_worlds, bugs=(6, 12),

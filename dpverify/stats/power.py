@@ -17,17 +17,22 @@ coordinate of a softmax regression): its score sums its clipped gradient over th
 takes it in, B ~ Binomial(T, q) for a member, plus the noise of every step. Standardised by the
 non-members' spread, a member scores :math:`x \cdot B/(qT) + Z` and a non-member Z, with x the expected
 separation; under a deficit k the noise shrinks k-fold, so x = k·μ̂ grows linearly in k (at q = 1, B = T
-and this is the Gaussian shift k·μ̂). μ̂ is taken at its lower confidence limit (``measure_power`` states k*
-at ρ's lower limit, μ̂ = ρ_low·μ): a k* from the point estimate is caught less than 0.8 of the time
-whenever the estimate runs high. (The central-limit μ(σ/k) of a subsampled claim grows faster than
-linearly in k and stated k* caught 6–24 % of the time at q < 1.)
+and this is the Gaussian shift k·μ̂). μ̂ is taken at its lower confidence limit capped at the claim
+(``measure_power`` states k* at min(ρ_low, 1), μ̂ = min(ρ_low, 1)·μ): a k* from the point estimate is
+caught less than 0.8 of the time whenever the estimate runs high, and ρ is measured on the
+implementation's own scores, so a hidden noise deficit k₀ raises it about k₀-fold: uncapped, the bug the
+audit should catch would lower the k* it states (a 1.6× deficit stated k* 1.25 at q = 1). ρ above 1 is
+evidence against the claim, never a reason to promise more; :attr:`AuditPower.above_claim` says so.
+(The central-limit μ(σ/k) of a subsampled claim grows faster than linearly in k and stated k* caught
+6–24 % of the time at q < 1.)
 
 One-run audits (:func:`one_run_deficit`): :func:`refuted_separation` simulates the audits' scores under the
 claim's q, T and pooled runs (fresh secret bits and participations, the same draws at every x), puts each
-through the audit's own decision (Steinke's test on the pooled counts, the curve test per run and
-combined, the guess grid and levels of the audit), and bisects for the least x that enough of them refute
+through the audit's own decision (:func:`~dpverify.stats.decision.audit_decision`: the same tests, guess
+grid and level rule as the verdict's), and bisects for the least x that enough of them refute
 (:func:`_needed`: a true rate of 0.8 would reach it with probability ≤ 5 %). Detection depends on k only
-through x, so this runs once per configuration (about a second for the quick profile) and k* = x*/μ̂_low.
+through x, so this runs once per configuration (about a second for the quick profile) and
+k* = x*/(min(ρ_low, 1)·μ).
 Two-world audits (:func:`two_world_deficit`) simulate their runs' scores the same way and run their own test.
 The callers state k* only where this model has been checked against real noise deficits
 (benchmarks/results/kstar-validation.md: reference-dpsgd and opacus-ghost, q = 1 and q < 1); elsewhere it
@@ -47,9 +52,9 @@ from typing import Callable
 import numpy as np
 from scipy import special, stats
 
-from dpverify.stats.bounds import steinke_refutes
-from dpverify.stats.curves import ClaimedRun, combined_refutes, curve_refutes
-from dpverify.stats.scoring import GuessRule, correct_counts, subsampled_gaussian_log_likelihood_ratio
+from dpverify.stats.curves import ClaimedRun
+from dpverify.stats.decision import audit_decision, audit_refutes
+from dpverify.stats.scoring import GuessRule, subsampled_gaussian_log_likelihood_ratio
 
 __all__ = [
     "AuditPower",
@@ -70,6 +75,9 @@ __all__ = [
 POWER = 0.8
 #: The largest deficit looked for: an audit that cannot catch a 10× noise deficit could not see.
 LARGEST_DEFICIT = 10.0
+#: The most signal a correct implementation's canaries carry: ρ = 1, a perfect attacker on the claimed
+#: mechanism. k* is stated at ρ's lower limit capped here (:func:`measure_power`).
+CLAIMED_SIGNAL = 1.0
 #: How precisely the bisections locate k* (relative).
 _DEFICIT_TOLERANCE = 0.03
 #: Simulated audits per deficit in :func:`two_world_deficit` (common random numbers across deficits).
@@ -142,6 +150,29 @@ class AuditPower:
     smallest_deficit: float | None
     blind: str | None = None
 
+    @property
+    def above_claim(self) -> bool:
+        """Whether ρ's whole interval lies above :data:`CLAIMED_SIGNAL`: more signal than the claimed
+        mechanism lets any attacker see, which only a weaker mechanism than claimed gives."""
+        return self.signal_low > CLAIMED_SIGNAL
+
+    def above_claim_sentence(self) -> str:
+        """What ρ above the claim means, in words ("" when it is not): evidence against the claim that is
+        not a test at the audit's level, so the claim is refuted only by the audit's two tests."""
+        if not self.above_claim:
+            return ""
+        reach = (
+            f"; they refute it with probability ≥ {POWER:g} once the noise is {self.smallest_deficit:.2f}× "
+            "weaker than claimed (k*)"
+            if self.smallest_deficit is not None and math.isfinite(self.smallest_deficit)
+            else ""
+        )
+        return (
+            f"ρ's interval lies above 1: more signal than the claim allows, as a noise deficit of about "
+            f"{self.signal_fraction:.2f}× would give. The interval is no test at the audit's level: the claim is "
+            f"refuted only if the (ε, δ) test or the curve test refutes it{reach}."
+        )
+
     def to_dict(self) -> dict[str, float | str | None]:
         """JSON-ready: a non-finite number is ``None`` (k* = ∞ reads "none up to LARGEST_DEFICIT"; a k* not
         stated is ``deficit_stated`` false)."""
@@ -159,6 +190,7 @@ class AuditPower:
             "power": POWER,
             "largest_deficit": LARGEST_DEFICIT,
             "blind": self.blind,
+            "above_claim": self.above_claim,
         }
 
 
@@ -221,7 +253,7 @@ def one_run_deficit(
     guess_rule: GuessRule,
     claimed_epsilon: float,
     delta: float,
-    confidences: tuple[float, float],
+    confidence: float,
 ) -> float:
     """k* of a one-run audit (pooled runs of ``run_sizes`` canaries) whose canaries carry ``fraction`` of the
     claimed signal: the least deficit k at which the expected separation
@@ -230,7 +262,7 @@ def one_run_deficit(
     if not fraction > 0 or run.noise_multiplier == 0:
         return math.inf
     setting = _setting(
-        run_sizes=run_sizes, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+        run_sizes=run_sizes, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidence=confidence
     )
     needed = refuted_separation(run, **setting)
     return _deficit(needed / (fraction * gdp_mu(run)))
@@ -249,7 +281,7 @@ def one_run_catches(run: ClaimedRun, *, fraction: float, **setting) -> bool:
     return detection.refuted(min(separation, _LARGEST_SEPARATION)) >= detection.needed
 
 
-def _setting(*, run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> dict:
+def _setting(*, run_sizes, guess_rule, claimed_epsilon, delta, confidence) -> dict:
     """What a simulated one-run audit depends on beside the claimed run, as plain, hashable values (the
     caches' key), by keyword."""
     return dict(
@@ -257,7 +289,7 @@ def _setting(*, run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> d
         guess_rule=guess_rule,
         claimed_epsilon=float(claimed_epsilon),
         delta=float(delta),
-        confidences=tuple(float(c) for c in confidences),
+        confidence=float(confidence),
     )
 
 
@@ -269,14 +301,14 @@ def refuted_separation(
     guess_rule: GuessRule,
     claimed_epsilon: float,
     delta: float,
-    confidences: tuple[float, float],
+    confidence: float,
 ) -> float:
     """The least expected separation x (members' mean score over the non-members' spread) at which the
     audit's own decision refutes :data:`POWER` of its simulated audits, counted as :func:`_needed` says; ∞
     beyond :data:`_LARGEST_SEPARATION`. Cached per configuration: one costs 2-3 s of CPU at the quick
     profile's 4 × 2500 canaries, about 45 s at the standard profile's 100 × 2500."""
     detection = _simulation(
-        run, run_sizes=run_sizes, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+        run, run_sizes=run_sizes, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidence=confidence
     )
 
     def refuted(x: float) -> bool:
@@ -286,18 +318,19 @@ def refuted_separation(
 
 
 @functools.lru_cache(maxsize=2)
-def _simulation(run, *, run_sizes, guess_rule, claimed_epsilon, delta, confidences) -> "_OneRunSimulation":
+def _simulation(run, *, run_sizes, guess_rule, claimed_epsilon, delta, confidence) -> "_OneRunSimulation":
     """The simulated audits of one configuration, kept for the configuration's next audit (the few latest:
     each holds its draws, about 10 MB at the quick profile's 4 × 2500 canaries)."""
-    return _OneRunSimulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidences)
+    return _OneRunSimulation(run, run_sizes, guess_rule, claimed_epsilon, delta, confidence)
 
 
 class _OneRunSimulation:
     """Simulated one-run audits of a Dirac canary's scores under the claim's sampling (module docstring),
     drawn once and rescaled for every separation x (common random numbers), decided by the audit's own
-    tests at the audit's levels. Seeded, so that a configuration always states the same k*."""
+    decision (:func:`~dpverify.stats.decision.audit_decision`) at the audit's level. Seeded, so that a
+    configuration always states the same k*."""
 
-    def __init__(self, run, run_sizes, guess_rule, claimed_epsilon, delta, confidences):
+    def __init__(self, run, run_sizes, guess_rule, claimed_epsilon, delta, confidence):
         total = int(sum(run_sizes))
         self.simulations = int(np.clip(_SIMULATED_SCORES // total, _MIN_SIMULATIONS, _MAX_SIMULATIONS))
         self.needed = _needed(self.simulations)
@@ -306,46 +339,34 @@ class _OneRunSimulation:
         self.member = rng.integers(0, 2, size=shape, dtype=np.int8) == 1
         self.shift = np.where(self.member, _participations(rng, run, shape), 0.0)
         self.noise = rng.standard_normal(shape)
-        self.run_sizes, self.guess_rule, self.curve = run_sizes, guess_rule, run.curve()
-        self.epsilon, self.delta = claimed_epsilon, delta
-        self.steinke, self.curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
-        self.counts, self.run_counts = guess_rule.counts(total), guess_rule.run_counts(run_sizes)
+        self.decision = audit_decision(
+            run, run_sizes=run_sizes, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidence=confidence
+        )
         self.run = np.broadcast_to(np.repeat(np.arange(len(run_sizes), dtype=np.int16), run_sizes), shape)
         self.edges = np.cumsum((0, *run_sizes))
 
     def refuted(self, separation: float) -> int:
-        """How many simulated audits either test refutes at expected separation ``separation`` (the
+        """How many simulated audits the decision refutes at expected separation ``separation`` (the
         curve test is skipped once the (ε, δ) test alone decides against :attr:`needed`)."""
         order = np.argsort(-(self.noise + separation * self.shift), axis=1, kind="stable")
         ranked, runs = np.take_along_axis(self.member, order, axis=1), np.take_along_axis(self.run, order, axis=1)
-        total = ranked.shape[1]
-        correct = _correct_counts(ranked, self.counts, self.guess_rule.sides)  # (S, K)
-        hits = np.any(
-            steinke_refutes(total, self.counts, correct, epsilon=self.epsilon, delta=self.delta, confidence=self.steinke),
-            axis=1,
-        )
-        left = np.flatnonzero(~hits)
-        if hits.sum() >= self.needed or hits.sum() + left.size < self.needed:
-            return int(hits.sum())
-        if len(self.run_sizes) == 1:  # one run: the curve test reads the same counts
-            refuted = curve_refutes(total, self.counts, correct[left], curve=self.curve, confidence=self.curve_level)
-            return int(hits.sum() + np.any(refuted, axis=1).sum())
-        # Each run's ranking is the pooled one restricted to its canaries: a stable sort by run keeps it.
-        by_run = np.take_along_axis(ranked[left], np.argsort(runs[left], axis=1, kind="stable"), axis=1)
-        per_run = np.stack(
-            [
-                _correct_counts(by_run[:, a:b], row, self.guess_rule.sides)
-                for a, b, row in zip(self.edges[:-1], self.edges[1:], self.run_counts)
-            ]
-        )  # (R, S', K)
-        combined = combined_refutes(
-            self.run_sizes,
-            np.tile(self.run_counts, (1, left.size)),
-            per_run.reshape(len(self.run_sizes), -1),
-            curve=self.curve,
-            confidence=self.curve_level,
-        )
-        return int(hits.sum() + np.any(combined.reshape(left.size, -1), axis=1).sum())
+        decision, sides = self.decision, self.decision.guess_rule.sides
+        correct = _correct_counts(ranked, decision.counts, sides)  # (S, K)
+
+        def run_correct(rows: np.ndarray) -> np.ndarray:
+            # Each run's ranking is the pooled one restricted to its canaries: a stable sort by run keeps it.
+            by_run = np.take_along_axis(ranked[rows], np.argsort(runs[rows], axis=1, kind="stable"), axis=1)
+            return np.stack(
+                [
+                    _correct_counts(by_run[:, a:b], row, sides)
+                    for a, b, row in zip(self.edges[:-1], self.edges[1:], decision.run_counts)
+                ]
+            )  # (R, S', K)
+
+        def curve_needed(hits: np.ndarray) -> bool:
+            return hits.sum() < self.needed <= hits.size
+
+        return int(decision.refutes(correct, run_correct, curve_needed=curve_needed).sum())
 
 
 def _correct_counts(ranked: np.ndarray, counts: np.ndarray, sides: str) -> np.ndarray:
@@ -404,8 +425,10 @@ def measure_power(
     not_designated: str | None = None,
 ) -> AuditPower:
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
-    :func:`separation`; k* at ρ's lower limit, ``smallest_deficit(ρ)``·ρ/ρ_low (detection depends on k only
-    through k·ρ, so this is k* of the lower limit; a k* of 1 there scales up, erring larger); and why a
+    :func:`separation`; k* at ρ's lower limit capped at :data:`CLAIMED_SIGNAL`,
+    ``smallest_deficit(ρ)``·ρ/min(ρ_low, 1) (detection depends on k only through k·ρ, so this is k* of the
+    capped limit; where k* at ρ is the floor 1, ``smallest_deficit`` is asked at the capped limit itself;
+    never below the claimed mechanism's); and why a
     pass could not see (``blind``): the scores do not separate at all; ρ's whole interval lies below
     ``expected_signal`` (what the design carries in a correct implementation; ``None``: not known for this
     design); or it would catch no deficit up to
@@ -424,12 +447,20 @@ def measure_power(
     if either_direction and measured.mu < 0:
         measured = Separation(-measured.mu, -measured.high, -measured.low)
     fraction, low, high = (value / mu if mu > 0 else math.nan for value in (measured.mu, measured.low, measured.high))
+    # k* is promised at ρ's lower limit capped at 1: ρ above 1 is what a hidden noise deficit shows, so it
+    # never lowers k* below the claimed mechanism's own (CLAIMED_SIGNAL).
+    promised_at = min(low, CLAIMED_SIGNAL)
     if smallest_deficit is not None:
         deficit = smallest_deficit(fraction) if math.isfinite(fraction) else math.inf
-        promised = _deficit(deficit * fraction / low) if low > 0 and math.isfinite(deficit) else math.inf
+        if not (low > 0 and math.isfinite(deficit)):
+            promised = math.inf
+        elif deficit > 1:  # k·ρ is what detection reads: scaled from ρ to the capped limit exactly
+            promised = _deficit(deficit * fraction / promised_at)
+        else:  # k* at ρ is the floor 1, which says too little to scale: asked at the capped limit itself
+            promised = smallest_deficit(promised_at)
     else:
         deficit = math.inf if not (math.isfinite(fraction) and catches_largest(fraction)) else None
-        promised = math.inf if deficit is not None or not (low > 0 and catches_largest(low)) else None
+        promised = math.inf if deficit is not None or not (low > 0 and catches_largest(promised_at)) else None
     carried = f"its canaries carried {fraction:.0%} of the claimed signal (95% interval {low:.0%} to {high:.0%})"
     if not_designated:
         blind = f"{not_designated} ({carried})"
@@ -473,9 +504,10 @@ def every_update_detection(
     run_sizes: tuple[int, ...],
     guess_rule: GuessRule,
     delta: float,
-    confidences: tuple[float, float],
+    confidence: float,
     audits: int,
     rng: np.random.Generator,
+    signal: float = 1.0,
 ) -> float:
     """The share of ``audits`` simulated every-update audits of Dirac canaries that the audit's own decision
     refutes when the run ``claim`` states was in fact ``truth`` (its σ, q and steps): every canary of each
@@ -484,49 +516,21 @@ def every_update_detection(
     a/√(a² + 1)), scored by its log-likelihood ratio under ``claim``
     (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`) and tested against ``claim``'s
     ε at ``delta`` and its curve. With ``truth == claim`` the scores come from exactly the claimed
-    mechanism: the null simulation of design rule 9."""
+    mechanism: the null simulation of design rule 9. ``signal`` < 1: a sampled member's step shows only that
+    fraction of its clipped gradient, s_t = signal + σ·Z (canaries that carry a fraction ρ of the claimed signal)."""
     caught, claimed_epsilon = 0, claim.epsilon(delta)
     for _ in range(audits):
         bits = [rng.choice(np.array([-1, 1], dtype=np.int8), size=m) for m in run_sizes]
         scores = []
         for m, b in zip(run_sizes, bits):
             sampled = (rng.random((m, truth.steps)) < truth.sampling_rate) & (b == 1)[:, None]
-            shown = sampled + truth.noise_multiplier * rng.standard_normal((m, truth.steps))
+            shown = signal * sampled + truth.noise_multiplier * rng.standard_normal((m, truth.steps))
             scores.append(
                 subsampled_gaussian_log_likelihood_ratio(
                     np.ones_like(shown), shown, noise_multiplier=claim.noise_multiplier, sampling_rate=claim.sampling_rate
                 )
             )
         caught += audit_refutes(
-            scores, bits, claim, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidences=confidences
+            scores, bits, claim, guess_rule=guess_rule, claimed_epsilon=claimed_epsilon, delta=delta, confidence=confidence
         )
     return caught / audits
-
-
-def audit_refutes(
-    scores: list[np.ndarray],
-    bits: list[np.ndarray],
-    run: ClaimedRun,
-    *,
-    guess_rule: GuessRule,
-    claimed_epsilon: float,
-    delta: float,
-    confidences: tuple[float, float],
-) -> bool:
-    """The one-run audit's decision on each pooled run's ``scores`` and secret ``bits``: the (ε, δ) test
-    against ``claimed_epsilon`` on all of them, else the curve test of ``run`` (the runs' counts combined),
-    at ``confidences`` as :func:`one_run_deficit` takes them; the decision alone, without the search for
-    the weakest refuted member that the audit reports beside it."""
-    steinke, curve_level = (guess_rule.corrected_confidence(c) for c in confidences)
-    run_sizes = tuple(len(s) for s in scores)
-    total, run_counts = int(sum(run_sizes)), guess_rule.run_counts(run_sizes)
-    counts = guess_rule.counts(total)
-    correct = correct_counts(np.concatenate(scores), np.concatenate(bits), counts, sides=guess_rule.sides)
-    if np.any(steinke_refutes(total, counts, correct, epsilon=claimed_epsilon, delta=delta, confidence=steinke)):
-        return True
-    per_run = np.array([correct_counts(s, b, row, sides=guess_rule.sides) for s, b, row in zip(scores, bits, run_counts)])
-    if len(run_sizes) == 1:
-        refuted = curve_refutes(total, run_counts[0], per_run[0], curve=run.curve(), confidence=curve_level)
-    else:
-        refuted = combined_refutes(run_sizes, run_counts, per_run, curve=run.curve(), confidence=curve_level)
-    return bool(np.any(refuted))

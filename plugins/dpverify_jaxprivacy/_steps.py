@@ -10,9 +10,9 @@ its own ``train_step``, so :func:`library_calls` puts a step's methods in their 
 Each variant changes exactly one thing and keeps the claim:
 
 - ``no_noise`` (docs/bugs.md class 1): the privatizer is built with stddev 0;
-- ``no_clipping`` (row 2): rows are clipped at an unreachable norm while the callable still states the
+- ``no_clipping`` (class 2): rows are clipped at an unreachable norm while the callable still states the
   nominal bound, so the noise stays σ times it;
-- ``noise_for_mean`` (row 3): the privatizer's stddev is divided by the batch size, the noise meant for the
+- ``noise_for_mean`` (class 3): the privatizer's stddev is divided by the batch size, the noise meant for the
   mean of the batch added to its sum;
 - ``noise_for_clip_norm`` (row 2's class: noise for a norm the sum does not have): with
   ``rescale_to_unit_norm=True`` (the Keras API's default) the clipped sum's sensitivity is 1, and the noise is
