@@ -88,11 +88,24 @@ def test_each_bug_of_the_trainer_is_refuted(bug):
 
 
 @pytest.mark.slow
-def test_noise_that_does_not_match_the_structure_but_is_more_private_passes():
+def test_noise_that_does_not_match_the_structure_but_is_more_private_is_not_refuted():
     """The stated structure designs the score, it is not itself the claim: independent noise of the claimed
-    per-step variance gives less than the claim (μ 0.59 of 1) and is refuted with probability at most 1 %."""
+    per-step variance gives less than the claim (μ 0.59 of 1) and is refuted with probability at most 1 %. It
+    passes, or is undecided where the power check finds its canaries carried under half the claimed signal
+    (their μ reached 0.51–0.57 of the claimed 1: benchmarks/results/correlated-trainer.md)."""
     result = run_audit(bandmf("more-private"), audit_config(seed=0))
-    assert result.verdict == "pass", result.summary()
+    assert result.verdict in ("pass", "undecided") and not result.curve_refuted, result.summary()
+
+
+def test_a_full_batch_event_has_its_exact_gdp_mu():
+    """A full-batch claim's μ is √steps/σ whether it states (σ, 1, steps) or an event (which states no μ of its
+    own): the power check's ρ divides by it (the central-limit μ, √(e^{1/σ²} − 1) at one step, is 1.31 at σ = 1)."""
+    from dpverify.stats.events import EventRun
+    from dpverify.stats.power import gdp_mu
+
+    assert gdp_mu(EventRun(event=dp_accounting.GaussianDpEvent(2.0))) == pytest.approx(0.5)
+    composed = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 16)
+    assert gdp_mu(EventRun(event=composed, relation="replace_one")) == pytest.approx(4.0)
 
 
 def _claim(**fields):

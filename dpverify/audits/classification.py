@@ -208,8 +208,8 @@ def _decorrelated_scores(updates: DiracUpdates, trained: TrainedModel) -> np.nda
     """Each canary's exact log-likelihood ratio μz − μ²/2 from its whole column at every step, whitened by
     the claim's strategy C with the τ its event states (:func:`~dpverify.stats.events.correlated_noise`).
     The score is fixed by the claim before the run, so a true claim is refuted at most at the test's level
-    whatever the noise; noise correlated otherwise than stated changes only what the score reaches. A claim whose event is not full-batch Gaussian is not tested
-    here (:class:`~dpverify.audits.training.ClaimNotTestable`)."""
+    whatever the noise; noise correlated otherwise than stated changes only what the score reaches. A claim
+    whose event is not full-batch Gaussian is not tested here (:class:`~dpverify.audits.training.ClaimNotTestable`)."""
     from dpverify.stats import correlated
     from dpverify.stats.events import correlated_noise
 
