@@ -205,11 +205,12 @@ def check_output_contract(
 
 
 def _claimed_dpsgd(name: str, claim: PrivacyClaim) -> tuple[float, float, int]:
-    """The claim's DP-SGD (σ, q, steps), its numbers or its event's: the request designates DP-SGD."""
-    from dpverify.stats.events import dpsgd_numbers
+    """The claim's (σ, q, steps), its numbers or its event's (and its noise structure's steps): the request
+    designates DP-SGD's hyperparameters."""
+    from dpverify.stats.events import request_numbers
 
     try:
-        return dpsgd_numbers(claim)
+        return request_numbers(claim)
     except ValueError as exc:
         raise AssertionError(f"{name}: the request designates DP-SGD, but {exc}") from None
 

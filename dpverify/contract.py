@@ -423,9 +423,12 @@ class PrivacyClaim:
     ``other_epsilons`` holds further claims of the same run from other accountants (e.g.
     ``{"opacus.prv": 1.93}``).
 
-    A mechanism with correlated noise states its event here too; the noising structure it needs beside the
-    event (a strategy matrix or a name) is a field to add next to ``dp_event``, resolved to its own
-    :class:`~dpverify.stats.curves.ClaimedMechanism` by :func:`dpverify.audits.claims.claimed_run`.
+    A mechanism with correlated noise states its event and, in ``noise_structure``, how its noise is
+    correlated across the steps: a :class:`~dpverify.stats.correlated.NoiseStructure` C whose inverse
+    correlates the released updates' noise, y = G + τC⁻¹Z. Its event is the Gaussian mechanism of the
+    whitened updates Cy (sensitivity Δ = ‖C·1‖, a record in every step of a full batch), e.g.
+    ``GaussianDpEvent(σ)`` with τ = σΔ; the every-update audit decorrelates the updates by the stated C
+    (:func:`~dpverify.stats.events.correlated_noise`) and tests the event's curve.
     """
 
     epsilon: float
@@ -436,6 +439,7 @@ class PrivacyClaim:
     steps: int | None = None
     relation: Relation = "add_remove"
     dp_event: object | None = None
+    noise_structure: object | None = None
     other_epsilons: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -444,6 +448,8 @@ class PrivacyClaim:
         check_choice("relation", self.relation, RELATIONS)
         numbers = {"noise_multiplier": self.noise_multiplier, "sampling_rate": self.sampling_rate, "steps": self.steps}
         given = [name for name, value in numbers.items() if value is not None]
+        if self.noise_structure is not None:
+            self._check_noise_structure()
         if self.dp_event is not None:
             if given:
                 raise ValueError(
@@ -460,6 +466,21 @@ class PrivacyClaim:
         check_real("noise_multiplier", self.noise_multiplier, low=0.0)
         check_real("sampling_rate", self.sampling_rate, low=0.0, high=1.0, low_open=True)
         check_int("steps", self.steps, low=1)
+
+    def _check_noise_structure(self) -> None:
+        from dpverify.stats.correlated import NoiseStructure
+
+        if not isinstance(self.noise_structure, NoiseStructure):
+            raise ValueError(
+                "noise_structure must be a dpverify.stats.correlated.NoiseStructure (e.g. "
+                f"NoiseStructure.banded_toeplitz(coefficients, steps=T)), got {type(self.noise_structure).__name__}"
+            )
+        if self.dp_event is None:
+            raise ValueError(
+                "a claim with a noise_structure states its mechanism as dp_event (e.g. GaussianDpEvent(sigma), "
+                "the Gaussian mechanism of the decorrelated updates), not as DP-SGD's noise_multiplier, "
+                "sampling_rate and steps"
+            )
 
     @property
     def is_private(self) -> bool:
@@ -479,6 +500,8 @@ class PrivacyClaim:
     @property
     def mechanism(self) -> str:
         """The run in words, for reports."""
+        if self.noise_structure is not None:
+            return f"the dp_accounting event {self.dp_event!r} with noise correlated over {self.noise_structure.steps} steps"
         if self.dp_event is not None:
             return f"the dp_accounting event {self.dp_event!r}"
         return f"σ = {self.noise_multiplier:.4g}, q = {self.sampling_rate:g}, {self.steps} steps"

@@ -155,6 +155,8 @@ def claimed_epsilon(trained: TrainedModel | ScoredRun, relation: str) -> tuple[f
 
 
 def claimed_numbers(claim: PrivacyClaim) -> tuple:
-    """What a claim states (ε, δ, its mechanism, relation): the pooled runs of one audit must state the same."""
+    """What a claim states (ε, δ, its mechanism and noise structure, relation): the pooled runs of one audit
+    must state the same."""
     event = None if claim.dp_event is None else repr(claim.dp_event)  # an event that composes a list is not hashable
-    return (claim.epsilon, claim.delta, claim.noise_multiplier, claim.sampling_rate, claim.steps, event, claim.relation)
+    mechanism = (claim.noise_multiplier, claim.sampling_rate, claim.steps, event, claim.noise_structure)
+    return (claim.epsilon, claim.delta, *mechanism, claim.relation)

@@ -172,7 +172,8 @@ def _update_reader(config: AuditConfig, canaries: Canaries) -> DiracUpdates:
 
 def every_update_scores(updates: DiracUpdates, trained: TrainedModel, *, features: np.ndarray) -> np.ndarray:
     """Each canary's log-likelihood ratio of its every step, against the σ and q the run claims
-    (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`). The updates are audited only
+    (:func:`~dpverify.stats.scoring.subsampled_gaussian_log_likelihood_ratio`), or decorrelated by the
+    claim's noise structure (:func:`_decorrelated_scores`). The updates are audited only
     if they are the returned model's: a trainer that handed nothing over, only some steps or the wrong
     parameters, or whose last parameters handed over do not reproduce its black box on the canaries
     (``features``, within float32 rounding: :func:`~dpverify.conformance.hand_over_gap`) makes the audit
@@ -192,6 +193,8 @@ def every_update_scores(updates: DiracUpdates, trained: TrainedModel, *, feature
             "(not a frozen copy, nor another run's or another model's)",
             device=trained.device,
         )
+    if trained.claim.noise_structure is not None:
+        return _decorrelated_scores(updates, trained)
     from dpverify.stats.events import dpsgd_numbers
 
     try:
@@ -199,3 +202,25 @@ def every_update_scores(updates: DiracUpdates, trained: TrainedModel, *, feature
     except ValueError as other:
         raise ClaimNotTestable(f"the every-update score is DP-SGD's likelihood ratio, but {other}", device=trained.device) from None
     return subsampled_gaussian_log_likelihood_ratio(signal, projection, noise_multiplier=sigma, sampling_rate=rate)
+
+
+def _decorrelated_scores(updates: DiracUpdates, trained: TrainedModel) -> np.ndarray:
+    """Each canary's exact log-likelihood ratio μz − μ²/2 from its whole column at every step, whitened by
+    the claim's strategy C with the τ its event states (:func:`~dpverify.stats.events.correlated_noise`).
+    The score is fixed by the claim before the run, so a true claim is refuted at most at the test's level
+    whatever the noise; noise correlated otherwise than stated changes only what the score reaches. A claim
+    whose event is not full-batch Gaussian is not tested here (:class:`~dpverify.audits.training.ClaimNotTestable`)."""
+    from dpverify.stats import correlated
+    from dpverify.stats.events import correlated_noise
+
+    try:
+        structure, tau = correlated_noise(trained.claim)
+    except ValueError as other:
+        raise ClaimNotTestable(f"the every-update score of correlated noise: {other}", device=trained.device) from None
+    if structure.steps != updates.steps:
+        raise AuditFailure(
+            f"the claim's noise structure spans {structure.steps} steps, but the run took {updates.steps}",
+            device=trained.device,
+        )
+    gradients, released = updates.columns()
+    return correlated.decorrelated_log_likelihood_ratio(released, gradients, structure=structure, noise_stddev=tau)

@@ -68,6 +68,9 @@ class DiracUpdates:
         m = self.labels.shape[0]
         self.signal = np.zeros((m, self.steps))
         self.projection = np.zeros((m, self.steps))
+        # each step's whole column (clip norms): correlated noise is decorrelated over steps and classes at once
+        self.gradients = np.zeros((m, self.steps, self.num_classes))
+        self.released = np.zeros((m, self.steps, self.num_classes))
         self.handed_over = 0  # parameters seen: the initial ones, then one per step
         self.fault: str | None = None  # the first thing handed over wrongly
         self._previous: tuple[np.ndarray, np.ndarray] | None = None
@@ -121,11 +124,24 @@ class DiracUpdates:
         along = np.einsum("kj,kj->j", residual, released) / np.maximum(norm, np.finfo(float).tiny)
         self.signal[:, index] = column_norm / clip
         self.projection[:, index] = np.where(norm > 0, along / clip, 0.0)
+        self.gradients[:, index] = (factor * a * residual).T / clip
+        self.released[:, index] = released.T / clip
 
     def statistics(self) -> tuple[np.ndarray, np.ndarray]:
         """``(c, s)``, each (m, steps): every canary's signal and projection at every step. Raises
         :class:`UpdatesMissing` when nothing was handed over, only some steps were, or something was handed
         over wrongly (:attr:`fault`)."""
+        self._check_complete()
+        return self.signal, self.projection
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(gradients, released)``, each (m, steps, classes) in clip norms: every canary's clipped column
+        gradient g_t and released noisy column sum at every step, what a score of correlated noise needs
+        (:func:`~dpverify.stats.correlated.decorrelated_log_likelihood_ratio`); raises as :meth:`statistics`."""
+        self._check_complete()
+        return self.gradients, self.released
+
+    def _check_complete(self) -> None:
         if self.fault is not None:
             raise UpdatesMissing(f"the trainer handed its updates over wrongly: {self.fault}")
         if self.handed_over == 0:
@@ -138,7 +154,6 @@ class DiracUpdates:
                 f"the trainer handed over the parameters of {self.handed_over - 1} of the {self.steps} steps the "
                 "request designates (observe_update(0, ...) before the first step, then one call after each step)"
             )
-        return self.signal, self.projection
 
     def last_logits(self) -> np.ndarray:
         """(m, C): each Dirac canary's logits a·W[:, j] + b under the last parameters handed over (call after

@@ -94,6 +94,13 @@ class NoiseStructure:
         c.setflags(write=False)
         object.__setattr__(self, "strategy", c)
 
+    def __eq__(self, other: object) -> bool:
+        """Structures are equal when their strategies are (two runs of one seed state equal claims)."""
+        return isinstance(other, NoiseStructure) and np.array_equal(self.strategy, other.strategy)
+
+    def __hash__(self) -> int:
+        return hash((self.strategy.shape, self.strategy.tobytes()))
+
     @property
     def steps(self) -> int:
         return self.strategy.shape[0]

@@ -34,7 +34,16 @@ import numpy as np
 from dpverify._validation import check_choice, check_probability, check_real
 from dpverify.stats import curves
 
-__all__ = ["EventRun", "UnaccountableEvent", "check_dp_event", "dp_event_type", "dpsgd_numbers", "event_relations"]
+__all__ = [
+    "EventRun",
+    "UnaccountableEvent",
+    "check_dp_event",
+    "correlated_noise",
+    "dp_event_type",
+    "dpsgd_numbers",
+    "event_relations",
+    "request_numbers",
+]
 
 #: The claim's relations by their dp_accounting ``NeighboringRelation`` names.
 ACCOUNTANT_RELATIONS = {"add_remove": "ADD_OR_REMOVE_ONE", "replace_one": "REPLACE_ONE", "zero_out": "REPLACE_SPECIAL"}
@@ -115,10 +124,47 @@ def _scaled(event: Any, factor: float) -> Any:
 
 def dpsgd_numbers(claim: Any) -> tuple[float, float, int]:
     """``(σ, q, steps)`` of a :class:`~dpverify.contract.PrivacyClaim` of DP-SGD: its numbers, or those of its
-    event when that is DP-SGD; a ``ValueError`` for an event of another mechanism."""
+    event when that is DP-SGD; a ``ValueError`` for an event of another mechanism or correlated noise."""
+    if claim.noise_structure is not None:
+        raise ValueError(f"the claimed noise is correlated across steps, not DP-SGD's independent noise: {claim.mechanism}")
     if claim.dp_event is None:
         return claim.noise_multiplier, claim.sampling_rate, claim.steps
     return _dpsgd(claim.dp_event)
+
+
+def request_numbers(claim: Any) -> tuple[float, float, int]:
+    """``(σ, q, steps)`` with which a claim answers a request's hyperparameters: DP-SGD's
+    (:func:`dpsgd_numbers`), or for correlated noise its DP-SGD-shaped event's σ and q and the steps its
+    structure spans (BandMF's event composes fewer Gaussians than the run has steps)."""
+    if claim.noise_structure is None:
+        return dpsgd_numbers(claim)
+    sigma, rate, _ = _dpsgd(claim.dp_event)
+    return sigma, rate, claim.noise_structure.steps
+
+
+def correlated_noise(claim: Any) -> tuple[Any, float]:
+    r"""``(C, τ)`` of a claim with a ``noise_structure``: its strategy C and the noise stddev τ (clip norms)
+    its event states, for the every-update score (:func:`~dpverify.stats.correlated.decorrelated_log_likelihood_ratio`).
+
+    The event must be n self-composed Gaussians of σ without sampling (a full batch: every record in every
+    step): one Gaussian mechanism of μ = √n/σ on the whitened updates Cy = CG + τZ, whose sensitivity is
+    the largest ‖CG‖_F over one record's gradients of norm at most 1 at every step, Δ =
+    :func:`~dpverify.stats.correlated.min_separation_sensitivity` at separation 1 (‖C·1‖ when CᵀC ≥ 0
+    entrywise); so τ = Δ/μ, dp_accounting's σ being the stddev over one record's add/remove sensitivity.
+    Any other event is a ``ValueError``: a sampled (amplified) correlated event needs the participation
+    pattern it was accounted for, which a claim does not state yet."""
+    from dpverify.stats.correlated import min_separation_sensitivity
+
+    sigma, rate, compositions = _dpsgd(claim.dp_event)
+    if rate != 1:
+        raise ValueError(
+            "correlated noise is scored for a full-batch Gaussian event (GaussianDpEvent(σ), self-composed or not; "
+            f"every record in every step), got {claim.dp_event!r}"
+        )
+    if sigma <= 0:
+        raise ValueError(f"the claimed event adds no noise (noise multiplier {sigma:g}): nothing to decorrelate")
+    structure = claim.noise_structure
+    return structure, sigma * min_separation_sensitivity(structure, min_separation=1) / math.sqrt(compositions)
 
 
 def _installed_version() -> str:

@@ -124,6 +124,8 @@ def gdp_mu(run: ClaimedRun) -> float:
     if run.noise_multiplier == 0:
         return math.inf
     scale = 2.0 if run.relation == "replace_one" else 1.0
+    if run.sampling_rate == 1:  # a full-batch event, which states no μ of its own: exactly μ-GDP
+        return scale * math.sqrt(run.steps) / run.noise_multiplier
     try:
         grown = math.expm1(run.noise_multiplier**-2)
     except OverflowError:  # σ below about 0.038: e^{1/σ²} is past a float, and so is μ
