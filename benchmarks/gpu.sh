@@ -31,6 +31,7 @@ step 210 gpu-profile "${audit[@]}" reference-dpsgd opacus-ghost opacus-hooks opa
 # The quick profile's every-update audits and layer designs on CUDA (the one-run audit beside them), with a
 # variant that breaks one layer type's norm formula.
 step 100 opacus-designs-cuda "${audit[@]}" opacus-ghost opacus-hooks opacus-ghost-conv-norm opacus-ghost-linear-bias-norm \
+  opacus-ghost-linear-bias-squared-norm \
   --profile quick --worlds none
 # The language models on CUDA (Opacus' ghost clipping and hooks on a transformer) and a D1 variant.
 step 60 lm-cuda "${audit[@]}" opacus-lm opacus-lm-hooks opacus-lm-no-noise --profile quick --worlds none
