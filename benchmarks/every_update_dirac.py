@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _tables import write_table
+
 from dpverify.audits import run_audit
 from dpverify.audits.verdict import curve_outcome, guess_and_bound
 from dpverify.config import EVERY_UPDATE_SETTING, every_update_config
@@ -132,10 +134,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|",
         *timing,
         "",
-        f"Total wall time: {time.perf_counter() - started:.0f} s.",
     ]
-    Path(args.output).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(args.output, lines, started=started)
 
 
 if __name__ == "__main__":

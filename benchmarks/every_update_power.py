@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _tables import write_table
+
 from dpverify.audits import run_audit
 from dpverify.config import EVERY_UPDATE_SETTING, every_update_config
 from dpverify.registry import get_implementation
@@ -142,11 +144,8 @@ def main() -> None:
         "",
         *_table("The gate's every-update audit of real implementations", "implementation", real),
         *_table("The reference DP-SGD handing its updates over, or not its own", "hand-over", hand_overs),
-        f"Total wall time: {time.perf_counter() - started:.0f} s.",
     ]
-    text = "\n".join(lines) + "\n"
-    Path(args.output).write_text(text)
-    print(text, end="")
+    write_table(args.output, lines, started=started)
 
 
 def _table(title: str, first: str, rows: list[str]) -> list[str]:

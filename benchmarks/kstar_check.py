@@ -34,6 +34,8 @@ from pathlib import Path
 
 from scipy import stats
 
+from _tables import write_table
+
 from dpverify.audits import run_audit
 from dpverify.config import profile_config
 from dpverify.contract import Implementation, ImplementationInfo, PrivacyClaim, TrainedModel, TrainingRequest
@@ -209,9 +211,8 @@ def save(args: argparse.Namespace, title: str, options: str, body: list[str], ro
         *body,
         *rows,
         "",
-        f"Total wall time: {time.perf_counter() - started:.0f} s.",
     ]
-    Path(args.output).write_text("\n".join(lines) + "\n")
+    write_table(args.output, lines, started=started)
 
 
 if __name__ == "__main__":

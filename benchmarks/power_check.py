@@ -26,6 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _tables import write_table
+
 from dpverify.stats.curves import ClaimedRun  # noqa: E402
 from dpverify.stats.power import audit_refutes, gdp_mu, measure_power, one_run_deficit  # noqa: E402
 from dpverify.stats.scoring import GuessRule  # noqa: E402
@@ -88,10 +90,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Total wall time: {time.perf_counter() - started:.0f} s.",
     ]
-    Path(args.output).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(args.output, lines, started=started)
 
 
 if __name__ == "__main__":
