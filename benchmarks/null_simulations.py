@@ -65,9 +65,12 @@ def main() -> None:
         f"with other sessions; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end)",
         f"- command: `{command}` (seeds 0 … audits − 1; the power step after the verdict skipped: it can only turn a "
         "pass into undecided, never make or unmake a violation)",
-        "- mechanisms and settings: tests/null_simulations.py (`one_run`: the Dirac audit of the claimed Gaussian "
-        "mechanism at claimed ε 6, q = 1; `every_update`: DP-SGD of softmax regression handing over its updates; "
-        "`two_world/<world>`: the claimed Gaussian mechanism as the world's score reads it)",
+        "- mechanisms and settings: tests/null_simulations.py (`one_run`: run_audit's Dirac audit of the claimed "
+        "Gaussian mechanism, claimed ε 6, q = 1, 160 000 canaries in 64 runs; `every_update`: run_audit's every-update "
+        "audit of DP-SGD of softmax regression on Dirac records handing over its updates, q = 1, 2 steps, σ 1.2, "
+        "80 000 canaries in 32 runs; `two_world/<world>`: run_two_world_audit of the claimed Gaussian mechanism as "
+        "the world's score reads it, μ = 2 (q = 1, σ 0.5, 1 step), 400 runs per world; the four worlds scored on "
+        "the final model read the same draws by seed, so their rows coincide)",
         "- deficit k: the truth adds σ/k where the claim states σ (k = 1: the claim is the truth; k = 1.25: the "
         "claimed curve is 1.25 times too strong); level: 1 − the audit's confidence",
         "- interval: two-sided 95 % Clopper–Pearson of the refuted rate",

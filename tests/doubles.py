@@ -175,14 +175,12 @@ class NumpyDPSGD(Implementation):
     parameters to ``request.observe_update`` before the first step and after each, unless
     ``hands_over_updates`` is false. ``fixed_batches`` takes each epoch's 1/q steps from a fresh shuffle cut
     into batches of ⌈N·q⌉ (the last one short), as a data loader does, instead of Poisson batches (bugs.md
-    row 9), and still claims what its accountant states for Poisson sampling. ``noise_deficit`` k adds σ/k
-    while it claims σ (1: the claim's own noise)."""
+    row 9), and still claims what its accountant states for Poisson sampling."""
 
     own_hidden_width: int | None = None
     softmax_only: bool = False
     hands_over_updates: bool = True
     fixed_batches: bool = False
-    noise_deficit: float = 1.0
     info: ImplementationInfo = field(default_factory=lambda: ImplementationInfo(name="test-numpy-dpsgd", library="numpy"))
 
     def train(self, request: TrainingRequest) -> TrainedModel:
@@ -204,7 +202,7 @@ class NumpyDPSGD(Implementation):
             norms = np.sqrt(sum((g.reshape(len(batch), int(np.prod(g.shape[1:]))) ** 2).sum(axis=1) for g in grads))
             factors = np.minimum(1.0, hp.max_grad_norm / np.maximum(norms, 1e-12))
             for p, g in zip(params, grads):
-                noisy = np.tensordot(factors, g, axes=1) + rng.normal(0.0, sigma / self.noise_deficit * hp.max_grad_norm, p.shape)
+                noisy = np.tensordot(factors, g, axes=1) + rng.normal(0.0, sigma * hp.max_grad_norm, p.shape)
                 p -= hp.learning_rate * noisy / hp.normaliser(request.num_records)
             self._hand_over(request, step, params)
             if request.progress is not None:

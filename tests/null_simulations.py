@@ -5,7 +5,7 @@ claim says (the claimed curve is then that much too strong), and counts the audi
 
 The subject is the statistics, not a library, so the trainers are simulated: the one-run audit's
 :class:`~tests.doubles.GaussianMechanism` (Dirac scores N(μ, 1) against N(0, 1) at q = 1), the every-update
-audit's :class:`~tests.doubles.NumpyDPSGD` (real DP-SGD of softmax regression, Poisson batches, its updates
+audit's :class:`DiracDPSGD` (DP-SGD of softmax regression on Dirac records, Poisson batches, its updates
 handed over and its black box the last of them), and :class:`WorldGaussianMechanism` for the two-world
 worlds, which releases exactly the claimed Gaussian mechanism as the world's score reads it.
 :mod:`tests.test_null_simulations` asserts what these rates must be; ``benchmarks/null_simulations.py``
@@ -73,8 +73,8 @@ def clopper_pearson(refuted: int, audits: int, *, confidence: float) -> tuple[fl
 
 def one_run_config(*, seed: int, confidence: float, m: int = 160_000, pooled_runs: int = 64) -> AuditConfig:
     """The quick profile's Dirac audit (q = 1, 10 steps) with ``m`` canaries in ``pooled_runs`` runs of
-    2500, at ``confidence``: 16 times the gate's canaries, the fewest that notice a 1.25-fold deficit
-    (40 000 refuted 0 of 8, 160 000 4 of 4 at level 0.25)."""
+    2500, at ``confidence``: 16 times the gate's canaries, where a 1.25-fold deficit shows (at level 0.2,
+    40 000 refuted 0 of 8 audits of it, 160 000 all 16 of benchmarks/results/null-simulations.md)."""
     return profile_config("quick", m=m, pooled_runs=pooled_runs, dimension=m // pooled_runs, confidence=confidence,
                           seed=seed, device="cpu")  # fmt: skip
 
@@ -150,7 +150,7 @@ class DiracDPSGD(Implementation):
 
 
 def every_update_config(
-    *, seed: int, confidence: float, m: int = 160_000, pooled_runs: int = 64, sampling_rate: float = 1.0, epochs: int = 2,
+    *, seed: int, confidence: float, m: int = 80_000, pooled_runs: int = 32, sampling_rate: float = 1.0, epochs: int = 2,
     noise_multiplier: float = 1.2, **design
 ) -> AuditConfig:
     """The every-update audit (Dirac canaries in softmax regression) on ``m`` canaries in ``pooled_runs``
@@ -249,10 +249,11 @@ def fixed_batch_updates(world: TwoWorlds, hp: DPHyperparameters, *, in_dprime: b
     return [(row[: 2 * dimension].reshape(2, dimension).astype(np.float32), row[2 * dimension :].astype(np.float32)) for row in theta]
 
 
-#: Each world's simulated setting: its records and classes (the gate's), q = 1 for the worlds scored on the
-#: final model (where the claim is exactly GDP and the default curve test applies), the gate's q = 0.1 for
-#: the fixed-batch world (whose every-update curve test takes the claim's subsampled curve), and σ and steps
-#: for which the runs can refute the claim when its σ is 1.25 times too large.
+#: Each world's simulated setting: its records and classes (the gate's, but one record for the fixed-batch
+#: world), q = 1, where the claim is exactly μ-GDP (the default curve test of the final-model worlds; the
+#: fixed-batch world's every-update test takes the claim's own curve, and its spike score is then the Gaussian
+#: likelihood ratio: at q = 0.5 it refuted 1 of 8 audits at 1.25×), and σ 0.5 over one step (μ = 2), for
+#: which 400 runs a world refute a claim whose σ is 1.25 times too large in about half the audits.
 WORLD_SETTINGS: dict[str, dict] = {
     "dataset_size": dict(records=2, num_classes=1024, noise_multiplier=0.5, sampling_rate=1.0, epochs=1),
     "fixed_batch": dict(records=1, num_classes=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1),
