@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -88,6 +89,7 @@ class OneRunOutcome:
     curve_refuted: bool
 
 
+@functools.cache  # one audit's two tests are read twice by the tests (the verdict, then which test refuted)
 def one_run_audit(*, deficit: float, seed: int, confidence: float, **sizes) -> OneRunOutcome:
     """:func:`run_audit` of the claimed Gaussian mechanism at claimed ε 6 whose canaries carry ``deficit``
     times the claimed μ (the truth's σ is the claim's / ``deficit``). ε 6 rather than the gate's 2: the

@@ -127,7 +127,7 @@ def test_one_run_audit_holds_its_level_and_notices_a_curve_too_strong():
 @pytest.mark.slow
 def test_the_one_run_curve_test_is_what_notices():
     """At 1.25× the curve test refutes and the (ε, δ) test does not: a curve test that always passed would
-    leave the audit blind to it."""
+    leave the audit blind to it (the first audit of the power check, seed 1000, read again)."""
     with without_power_step():
         outcome = one_run_audit(deficit=DEFICIT, seed=1000, confidence=CONFIDENCE)
     assert outcome.curve_refuted and not outcome.epsilon_refuted
