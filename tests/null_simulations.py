@@ -54,7 +54,7 @@ def without_power_step() -> Iterator[None]:
     import dpverify.audits.verdict as verdict
 
     originals = verdict.power_beside_verdict, two_world.power_beside_verdict
-    verdict.power_beside_verdict = two_world.power_beside_verdict = lambda outcome, measure, failures: (outcome, None)
+    verdict.power_beside_verdict = two_world.power_beside_verdict = lambda outcome, *rest, **named: (outcome, None)
     try:
         yield
     finally:
