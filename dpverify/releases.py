@@ -53,16 +53,18 @@ LIBRARY_GROUP = "dpverify.libraries"
 
 def libraries() -> tuple[Library, ...]:
     """The libraries the plugins describe, by package name: each entry point of :data:`LIBRARY_GROUP`.
-    Where dpverify is not installed, or was installed before the group existed (the noxfile and
-    scripts/release.sh run before any environment exists), the group is read from the pyproject.toml of the
-    source tree and each module loaded from its file alone: a plugin's package imports numpy, its
+    Where dpverify is not installed, was installed before the group existed, or its plugins cannot be
+    imported (the noxfile and scripts/release.sh run before any environment exists; an editable install's
+    metadata beside the source without the plugins on the path), the group is read from the pyproject.toml of
+    the source tree and each module loaded from its file alone: a plugin's package imports numpy, its
     description must not."""
     from importlib import metadata
 
-    installed = metadata.entry_points(group=LIBRARY_GROUP)
-    if installed:
-        found = [entry_point.load() for entry_point in installed]
-    else:
+    try:
+        found = [entry_point.load() for entry_point in metadata.entry_points(group=LIBRARY_GROUP)]
+    except ImportError:
+        found = []
+    if not found:
         found = [_load_from_source(value, roots) for value, roots in _source_entry_points()]
     return tuple(sorted(found, key=lambda library: library.package))
 
