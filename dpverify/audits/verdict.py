@@ -37,7 +37,7 @@ from dpverify.contract import Implementation, Request, TrainedModel
 from dpverify.results import POWER_STEP, AuditResult, audit_result, beside_verdict
 from dpverify.stats.bounds import epsilon_lower_bound
 from dpverify.stats.decision import AuditDecision, audit_decision
-from dpverify.stats.power import AuditPower, gdp_mu, judge, measure_power, one_run_catches, one_run_deficit, separation
+from dpverify.stats.power import AuditPower, judge, measure_power, one_run_catches, one_run_deficit
 from dpverify.stats.update_power import every_update_catches
 from dpverify.stats.scoring import GuessRule, correct_counts
 
@@ -318,8 +318,8 @@ def _deficit_question(config: AuditSettings, tested: LookOutcome, simulated: dic
     """What :func:`~dpverify.stats.power.measure_power` asks of a noise deficit: k* where its model is
     validated (:func:`deficit_modelled`); elsewhere only whether a LARGEST_DEFICIT-fold deficit is caught, by
     the one-run model or, for an every-update audit, by its own simulated audits
-    (:func:`~dpverify.stats.update_power.every_update_catches`), asked first at ρ's lower limit: caught there,
-    it is caught at ρ too, and one simulation answers both questions."""
+    (:func:`~dpverify.stats.update_power.every_update_catches`, which measure_power asks at ρ's capped lower
+    limit first: caught there, it is caught at ρ too, and one simulation answers both questions)."""
     decision = tested.decision
     run = decision.run
     if deficit_modelled(config):
@@ -329,9 +329,6 @@ def _deficit_question(config: AuditSettings, tested: LookOutcome, simulated: dic
     catches = every_update_catches(
         run, run_sizes=decision.run_sizes, guess_rule=config.guess_rule, delta=decision.delta, confidence=decision.confidence
     )
-    low = separation(tested.scores, tested.membership).low / gdp_mu(run)
-    if low > 0:
-        catches(low)
     return {"catches_largest": catches}
 
 

@@ -460,9 +460,11 @@ def measure_power(
             promised = _deficit(deficit * fraction / promised_at)
         else:  # k* at ρ is the floor 1, which says too little to scale: asked at the capped limit itself
             promised = smallest_deficit(promised_at)
-    else:
+    else:  # asked at the capped limit first: a memoising catches_largest (detection rises with ρ) may then
+        # settle ρ itself without another simulation
+        caught_at_limit = low > 0 and catches_largest(promised_at)
         deficit = math.inf if not (math.isfinite(fraction) and catches_largest(fraction)) else None
-        promised = math.inf if deficit is not None or not (low > 0 and catches_largest(promised_at)) else None
+        promised = math.inf if deficit is not None or not caught_at_limit else None
     carried = f"its canaries carried {fraction:.0%} of the claimed signal (95% interval {low:.0%} to {high:.0%})"
     if not_designated:
         blind = f"{not_designated} ({carried})"
