@@ -33,7 +33,7 @@ Task = Literal["classification", "language"]
 RELATIONS: tuple[str, ...] = ("add_remove", "replace_one", "zero_out")
 DETECTABILITY_CLASSES: tuple[str, ...] = ("D1", "D2", "D3", "D4")
 #: The numbers of the bug classes in the project's catalogue, ``docs/bugs.md`` (class n at anchor ``bug-n``).
-BUG_CLASSES: tuple[int, ...] = tuple(range(1, 13))
+BUG_CLASSES: tuple[int, ...] = tuple(range(1, 17))
 #: Where a bug class is described, relative to the project's root: ``BUG_CATALOGUE.format(bug=9)``.
 BUG_CATALOGUE = "docs/bugs.md#bug-{bug}"
 TASKS: tuple[str, ...] = ("classification", "language")

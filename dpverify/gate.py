@@ -21,8 +21,9 @@ from dpverify.contract import ImplementationInfo
 __all__ = ["EVERY_UPDATE_BUGS", "GateAudit", "WORLD_CHOICE_WORDS", "applicable_worlds", "every_update_applies", "gate_audits"]
 
 #: The docs/bugs.md classes whose buggy variants get the every-update audit: the accountant fed the wrong numbers
-#: (too few steps, too small q), which at q < 1 only the claim's own subsampled curve shows.
-EVERY_UPDATE_BUGS: tuple[int, ...] = (8,)
+#: (too few steps, too small q), which at q < 1 only the claim's own subsampled curve shows, and correlated noise
+#: (13 to 16), which only a score that decorrelates every update by the stated structure reads near its claim.
+EVERY_UPDATE_BUGS: tuple[int, ...] = (8, 13, 14, 15, 16)
 
 #: ``--dp-audit-worlds`` / ``--worlds`` words besides world names: every world that applies, or none.
 WORLD_CHOICE_WORDS: tuple[str, ...] = ("applicable", "none")

@@ -137,7 +137,7 @@ def test_every_classifier_expected_private_gets_the_every_update_audit_and_varia
     assert every_update_applies(PRIVATE) and not every_update_applies(KNOWN)  # KNOWN names no docs/bugs.md class
     row_8 = ImplementationInfo(name="k8", library="numpy", expected="known-issue", issue="https://example.org/8", bug=8)
     assert every_update_applies(row_8)
-    assert [row for row in range(1, 13) if every_update_applies(_variant(row))] == list(EVERY_UPDATE_BUGS) == [8]
+    assert [row for row in range(1, 17) if every_update_applies(_variant(row))] == list(EVERY_UPDATE_BUGS) == [8, 13, 14, 15, 16]
     assert not every_update_applies(ImplementationInfo(name="lm", library="numpy", task="language"))
 
 
