@@ -9,8 +9,9 @@ The null check (:func:`~tests.null_simulations.level_exceeded`) fails when the o
 lower end of the refuted share of :data:`~tests.null_simulations.NULL_AUDITS` audits exceeds
 :data:`~tests.null_simulations.LEVEL`, that is at 4 refuted of 5: an audit whose level holds fails it with
 probability ≤ 0.0067. Run on the audits at the departure, it fails with probability ≥ 0.9 for each
-simulation at the one-sided 95 % lower end of its measured rate (:func:`test_the_checks_are_sized_as_stated`;
-benchmarks/results/null-simulations.md measures the rates and shows each check run once on both). The seeds
+simulation at its measured rate (:func:`test_the_checks_are_sized_as_stated`;
+benchmarks/results/null-simulations.md measures the rates, gives the power at each rate's 95 % lower end
+too, and shows each check run once on both). The seeds
 are fixed before any run (:func:`~tests.null_simulations.null_check_seeds`). The power step after each
 verdict is skipped (:func:`~tests.null_simulations.without_power_step`): it never makes or unmakes a
 violation.
@@ -30,9 +31,7 @@ from tests.null_simulations import (
     DEPARTURES,
     LEVEL,
     NULL_AUDITS,
-    SIMULATIONS,
     DiracDPSGD,
-    clopper_pearson,
     level_exceeded,
     null_check_lower_end,
     null_check_refuted,
@@ -42,13 +41,15 @@ from tests.null_simulations import (
 )
 from tests.updates import dirac_request, observed
 
-#: Each simulation's refuted audits at its departure (1.25×; 1.5× at q < 1) and level 0.2 as benchmarks/results/null-simulations.md
-#: measured them (its seeds apart from the tests'): what the power of each null check is sized on.
+#: Each simulation's refuted audits at its departure (1.25×; 1.5× at q < 1) and level 0.2, pooled over
+#: benchmarks/results/null-simulations.md's rows (seeds apart from the tests'): what the power of each null
+#: check is sized on. The four worlds scored on the final model read the same draws by seed: one measurement.
 MEASURED_AT_DEPARTURE: dict[str, tuple[int, int]] = {
-    "one_run": (16, 16),
-    "every_update": (16, 16),
-    **{f"two_world/{kind}": (38, 40) for kind in world_names()},
-    "every_update_subsampled": (5, 5),
+    "one_run": (40, 40),
+    "every_update": (28, 30),
+    **{f"two_world/{kind}": (76, 80) for kind in world_names() if kind != "fixed_batch"},
+    "two_world/fixed_batch": (77, 80),
+    "every_update_subsampled": (25, 25),
 }
 
 
@@ -57,10 +58,9 @@ def test_the_checks_are_sized_as_stated():
     # a level that holds fails a null check with probability ≤ 0.01 (0.0067 at exactly the level)
     assert stats.binom.sf(fail_at - 1, NULL_AUDITS, LEVEL) <= 0.01
     assert not level_exceeded(fail_at - 1, NULL_AUDITS) and level_exceeded(fail_at, NULL_AUDITS)
-    # each check fails at 1.25× with probability ≥ 0.9 at the 95 % lower end of its simulation's measured rate
+    # each check fails at its departure with probability ≥ 0.9 at its simulation's measured rate
     for name, (refuted, audits) in MEASURED_AT_DEPARTURE.items():
-        rate = clopper_pearson(refuted, audits, confidence=0.9)[0]
-        assert stats.binom.sf(fail_at - 1, NULL_AUDITS, rate) >= 0.9, (name, rate)
+        assert stats.binom.sf(fail_at - 1, NULL_AUDITS, refuted / audits) >= 0.9, name
 
 
 @functools.cache
