@@ -46,9 +46,9 @@ LEVEL = 0.2
 #: The null check's one-sided confidence: it fails when the Clopper–Pearson lower end of the refuted share
 #: at this confidence exceeds :data:`LEVEL`, so an audit whose level holds fails it with probability ≤ 0.01.
 NULL_CHECK = 0.99
-#: Simulated audits of each null check, at the truth and (the power check) at 1.25×: five, of which four
-#: refuted fail the check (:func:`refuted_to_fail`). An audit refuting at exactly the level then fails it
-#: with probability 0.0067; one refuting 1.25× in a share p of audits fails it with probability
+#: Simulated audits of each null check, at the truth and (the power check) at its departure (:data:`DEPARTURES`):
+#: five, of which four refuted fail the check (:func:`refuted_to_fail`). An audit refuting at exactly the
+#: level then fails it with probability 0.0067; one refuting the departure in a share p of audits fails it with probability
 #: p⁵ + 5p⁴(1 − p), ≥ 0.9 for p ≥ 0.89 (each simulation's p: benchmarks/results/null-simulations.md).
 NULL_AUDITS = 5
 
@@ -322,7 +322,7 @@ WORLD_RUNS = 800
 #: guesses, on the members' side only) at the gate's 40 000 canaries in 16 runs, q = 0.5 over 2 epochs
 #: (4 steps) at σ 1. It does not notice 1.25× at any size measured (benchmarks/results/null-simulations.md:
 #: curve p 0.74 and 0.32 at 40 000 canaries, 0.98, 0.84 and 0.99 at 160 000, where Fisher's combination of
-#: 64 runs' conservative p-values only dilutes; runs of 10 000 canaries no better), and notices 1.5× (5 of
+#: 64 runs' conservative p-values only dilutes; 4 runs of 10 000 canaries: p 0.38), and notices 1.5× (5 of
 #: 5 at 40 000): its null check's power is shown at 1.5× (:data:`DEPARTURES`).
 SUBSAMPLED_EVERY_UPDATE: dict = dict(
     m=40_000, pooled_runs=16, sampling_rate=0.5, epochs=2, noise_multiplier=1.0,
