@@ -26,7 +26,7 @@ from scipy import stats
 from dpverify.audits import run_audit
 from dpverify.audits.two_world import full_batch_gdp_mu, run_two_world_audit
 from dpverify.canaries.worlds import WORLDS, TwoWorlds, world_names
-from dpverify.config import AuditConfig, profile_config
+from dpverify.config import EVERY_UPDATE_SETTING, AuditConfig, profile_config
 from dpverify.contract import (
     DPHyperparameters,
     Implementation,
@@ -43,6 +43,14 @@ from tests.doubles import GaussianMechanism
 DEFICIT = 1.25
 #: The null simulations' level (1 − confidence): loose, so that a share above it shows in few audits.
 LEVEL = 0.2
+#: The null check's one-sided confidence: it fails when the Clopper–Pearson lower end of the refuted share
+#: at this confidence exceeds :data:`LEVEL`, so an audit whose level holds fails it with probability ≤ 0.01.
+NULL_CHECK = 0.99
+#: Simulated audits of each null check, at the truth and (the power check) at its departure (:data:`DEPARTURES`):
+#: five, of which four refuted fail the check (:func:`refuted_to_fail`). An audit refuting at exactly the
+#: level then fails it with probability 0.0067; one refuting the departure in a share p of audits fails it with probability
+#: p⁵ + 5p⁴(1 − p), ≥ 0.9 for p ≥ 0.89 (each simulation's p: benchmarks/results/null-simulations.md).
+NULL_AUDITS = 5
 
 
 @contextlib.contextmanager
@@ -67,6 +75,21 @@ def clopper_pearson(refuted: int, audits: int, *, confidence: float) -> tuple[fl
     low = 0.0 if refuted == 0 else float(stats.beta.ppf(tail, refuted, audits - refuted + 1))
     high = 1.0 if refuted == audits else float(stats.beta.ppf(1 - tail, refuted + 1, audits - refuted))
     return low, high
+
+
+def null_check_lower_end(refuted: int, audits: int) -> float:
+    """The one-sided :data:`NULL_CHECK` Clopper–Pearson lower end of the refuted share."""
+    return clopper_pearson(refuted, audits, confidence=2 * NULL_CHECK - 1)[0]
+
+
+def level_exceeded(refuted: int, audits: int) -> bool:
+    """The null check: whether ``refuted`` of ``audits`` show a refuted share above :data:`LEVEL`."""
+    return null_check_lower_end(refuted, audits) > LEVEL
+
+
+def refuted_to_fail(audits: int) -> int:
+    """The fewest refuted of ``audits`` that fail the null check."""
+    return next(k for k in range(audits + 1) if level_exceeded(k, audits))
 
 
 # --- the one-run audit (final model, Dirac canaries, q = 1) -------------------------------------------
@@ -191,7 +214,7 @@ class WorldScoreMechanism(Implementation):
     def train(self, request: TrainingRequest) -> TrainedModel:
         hp = request.hyperparameters
         claim = PrivacyClaim(
-            epsilon=ClaimedRun(noise_multiplier=hp.noise_multiplier, sampling_rate=hp.sampling_rate, steps=hp.steps).epsilon(hp.delta),
+            epsilon=_claimed_epsilon(hp.noise_multiplier, hp.sampling_rate, hp.steps, hp.delta),
             delta=hp.delta, accountant="test-world-gaussian", noise_multiplier=hp.noise_multiplier,
             sampling_rate=hp.sampling_rate, steps=hp.steps,
         )  # fmt: skip
@@ -209,6 +232,12 @@ class WorldScoreMechanism(Implementation):
         assert mu is not None, "the final-model worlds are simulated at q = 1, where the claim is exactly μ-GDP"
         score = self.deficit * mu * in_dprime + rng.standard_normal()
         return TrainedModel(predict_log_proba=_constant_log_probs(_logits_scoring(self.world, score)), claim=claim, device="cpu")
+
+
+@functools.cache
+def _claimed_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
+    """The claim's ε, once per setting: computing it took 60 % of a simulated world's audit, run after run."""
+    return ClaimedRun(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps).epsilon(delta)
 
 
 def _logits_scoring(world: TwoWorlds, score: float) -> np.ndarray:
@@ -254,14 +283,17 @@ def fixed_batch_updates(world: TwoWorlds, hp: DPHyperparameters, *, in_dprime: b
 #: Each world's simulated setting: its records and classes (the gate's, but one record for the fixed-batch
 #: world), q = 1, where the claim is exactly μ-GDP (the default curve test of the final-model worlds; the
 #: fixed-batch world's every-update test takes the claim's own curve, and its spike score is then the Gaussian
-#: likelihood ratio: at q = 0.5 it refuted 1 of 8 audits at 1.25×), and σ 0.5 over one step (μ = 2), for
-#: which 400 runs a world refute a claim whose σ is 1.25 times too large in about half the audits.
+#: likelihood ratio: at q = 0.5 it refuted 1 of 8 audits at 1.25×), and σ 0.4 over one step (μ = 2.5), for
+#: which :data:`WORLD_RUNS` runs a world refute a claim whose σ is 1.25 times too large in about 19 audits
+#: of 20, enough for each world's null check alone to notice it (:data:`NULL_AUDITS`). Per run, μ 2.5 is
+#: the sharper setting: at 800 runs μ 2 refuted 25 of 30, μ 2.5 29 of 30, μ 1.5 22 of 30 (at 400 runs, μ 2
+#: about half).
 WORLD_SETTINGS: dict[str, dict] = {
-    "dataset_size": dict(records=2, num_classes=1024, noise_multiplier=0.5, sampling_rate=1.0, epochs=1),
-    "fixed_batch": dict(records=1, num_classes=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1),
-    "microbatch": dict(records=2, num_classes=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1),
-    "realised_batch": dict(records=1, num_classes=1024, noise_multiplier=0.5, sampling_rate=1.0, epochs=1),
-    "worst_case_record": dict(records=1, num_classes=2, noise_multiplier=0.5, sampling_rate=1.0, epochs=1),
+    "dataset_size": dict(records=2, num_classes=1024, noise_multiplier=0.4, sampling_rate=1.0, epochs=1),
+    "fixed_batch": dict(records=1, num_classes=2, noise_multiplier=0.4, sampling_rate=1.0, epochs=1),
+    "microbatch": dict(records=2, num_classes=2, noise_multiplier=0.4, sampling_rate=1.0, epochs=1),
+    "realised_batch": dict(records=1, num_classes=1024, noise_multiplier=0.4, sampling_rate=1.0, epochs=1),
+    "worst_case_record": dict(records=1, num_classes=2, noise_multiplier=0.4, sampling_rate=1.0, epochs=1),
 }
 
 
@@ -285,10 +317,40 @@ def _two_world(kind: str) -> Callable[..., bool]:
 
 
 #: Runs per world of the two-world simulations.
-WORLD_RUNS = 400
+WORLD_RUNS = 800
+#: The every-update audit at q < 1 as the gate designs it (:data:`~dpverify.config.EVERY_UPDATE_SETTING`'s
+#: guesses, on the members' side only) at the gate's 40 000 canaries in 16 runs, q = 0.5 over 2 epochs
+#: (4 steps) at σ 1. It does not notice 1.25× at any size measured (benchmarks/results/null-simulations.md:
+#: curve p 0.74 and 0.32 at 40 000 canaries, 0.98, 0.84 and 0.99 at 160 000, where Fisher's combination of
+#: 64 runs' conservative p-values only dilutes; 4 runs of 10 000 canaries: p 0.38), and notices 1.5× (5 of
+#: 5 at 40 000): its null check's power is shown at 1.5× (:data:`DEPARTURES`).
+SUBSAMPLED_EVERY_UPDATE: dict = dict(
+    m=40_000, pooled_runs=16, sampling_rate=0.5, epochs=2, noise_multiplier=1.0,
+    guesses=EVERY_UPDATE_SETTING["guesses"], sides=EVERY_UPDATE_SETTING["sides"],
+)  # fmt: skip
+
 #: Each simulation as ``f(deficit=, seed=, confidence=) -> refuted``, by name.
 SIMULATIONS: dict[str, Callable[..., bool]] = {
     "one_run": lambda **kw: one_run_audit(**kw).violation,
     "every_update": every_update_audit,
     **{f"two_world/{kind}": _two_world(kind) for kind in world_names()},
+    "every_update_subsampled": lambda **kw: every_update_audit(**kw, **SUBSAMPLED_EVERY_UPDATE),
 }
+#: The departure each null check's power is shown at: a claimed curve 1.25 times too strong, but 1.5 times
+#: for the every-update audit at q < 1, which cannot notice 1.25× at an affordable size.
+DEPARTURES: dict[str, float] = {name: DEFICIT for name in SIMULATIONS} | {"every_update_subsampled": 1.5}
+
+
+def null_check_seeds(name: str, deficit: float) -> range:
+    """The seeds of simulation ``name``'s null check (:data:`NULL_AUDITS`), fixed before any run:
+    10 000·i + 0, 1, … at the truth and 10 000·i + 1000, … at any other deficit for the i-th simulation
+    (each world's draws its own)."""
+    first = 10_000 * list(SIMULATIONS).index(name) + (0 if deficit == 1.0 else 1000)
+    return range(first, first + NULL_AUDITS)
+
+
+def null_check_refuted(name: str, *, deficit: float) -> int:
+    """How many of the null check's audits of simulation ``name`` at ``deficit`` (1: the truth, else its
+    :data:`DEPARTURES`) refute the claim."""
+    with without_power_step():
+        return sum(SIMULATIONS[name](deficit=deficit, seed=seed, confidence=1 - LEVEL) for seed in null_check_seeds(name, deficit))

@@ -1,19 +1,21 @@
 """Null tests with power, through the real audits (:mod:`tests.null_simulations`): for each audit type, the
-one-run audit (both its tests), the every-update Dirac audit (its reader and looks) and every two-world
-world, simulated audits of a mechanism that is exactly its claim are refuted at no more than the level, and
-audits of one whose claimed curve is 1.25 times too strong (σ claimed, σ/1.25 added) are refuted often
-enough to show that the test notices.
+one-run audit (both its tests), the every-update Dirac audit (its reader and looks, at q = 1 and q = 0.5)
+and every two-world world, the null check passes on simulated audits of a mechanism that is exactly its
+claim and fails on audits of one whose claimed curve is 1.25 times too strong (σ claimed, σ/1.25 added;
+1.5 times at q = 0.5, where 1.25× cannot be noticed at an affordable size): each null check alone notices
+that its audit's level is broken that much.
 
-Each null check fails when the one-sided 99.9 % Clopper–Pearson lower end of the refuted share exceeds
-:data:`~tests.null_simulations.LEVEL` (probability ≤ 0.001 when the level holds). Each power check asks
-for at least a count whose rate lies well under the rate measured at 1.25× and well above the level, so
-that a test that stopped noticing (a curve test that always passes, a level spent nowhere) fails it:
-benchmarks/results/null-simulations.md measures the rates, and each check states its chance of failing
-wrongly and of passing a test that notices nothing. The seeds are fixed before any run (:func:`counts`).
-The power step after each verdict is skipped
-(:func:`~tests.null_simulations.without_power_step`): it never makes or unmakes a violation.
+The null check (:func:`~tests.null_simulations.level_exceeded`) fails when the one-sided 99 % Clopper–Pearson
+lower end of the refuted share of :data:`~tests.null_simulations.NULL_AUDITS` audits exceeds
+:data:`~tests.null_simulations.LEVEL`, that is at 4 refuted of 5: an audit whose level holds fails it with
+probability ≤ 0.0067. Run on the audits at the departure, it fails with probability ≥ 0.9 for each
+simulation at its measured rate (:func:`test_the_checks_are_sized_as_stated`;
+benchmarks/results/null-simulations.md measures the rates, gives the power at each rate's 95 % lower end
+too, and shows each check run once on both). The seeds
+are fixed before any run (:func:`~tests.null_simulations.null_check_seeds`). The power step after each
+verdict is skipped (:func:`~tests.null_simulations.without_power_step`): it never makes or unmakes a
+violation.
 """
-
 from __future__ import annotations
 
 import functools
@@ -26,102 +28,72 @@ from dpverify.canaries.worlds import world_names
 from tests.doubles import NumpyDPSGD
 from tests.null_simulations import (
     DEFICIT,
+    DEPARTURES,
     LEVEL,
-    SIMULATIONS,
+    NULL_AUDITS,
     DiracDPSGD,
-    clopper_pearson,
+    level_exceeded,
+    null_check_lower_end,
+    null_check_refuted,
     one_run_audit,
+    refuted_to_fail,
     without_power_step,
 )
 from tests.updates import dirac_request, observed
 
-CONFIDENCE = 1 - LEVEL
-#: The null checks' one-sided confidence: a correct level fails them with probability ≤ 0.001.
-NULL_CHECK = 0.999
-
-
-def refuted_count(name: str, *, deficit: float, audits: int, first_seed: int) -> int:
-    with without_power_step():
-        return sum(SIMULATIONS[name](deficit=deficit, seed=first_seed + i, confidence=CONFIDENCE) for i in range(audits))
-
-
-def assert_level_holds(refuted: int, audits: int) -> None:
-    low, _ = clopper_pearson(refuted, audits, confidence=2 * NULL_CHECK - 1)
-    assert low <= LEVEL, f"{refuted} of {audits} audits of the exact claim refuted: the rate is above {LEVEL} (lower end {low:.3f})"
-
-
-def assert_notices(refuted: int, audits: int, *, at_least: int) -> None:
-    assert refuted >= at_least, f"only {refuted} of {audits} audits refuted a claimed curve {DEFICIT}× too strong (need {at_least})"
-
-
-def chance_at_most(count: int, audits: int, rate: float) -> float:
-    """P(Binomial(audits, rate) ≤ count): how a check's thresholds were sized (see each docstring)."""
-    return float(stats.binom.cdf(count, audits, rate))
-
-
-#: Audits of each simulation at the truth and at 1.25×. The five worlds share one test (the same claimed GDP
-#: curve, read through each world's datasets, score and checks), so their counts are also pooled.
-AUDITS: dict[str, int] = {"one_run": 5, "every_update": 5, **{f"two_world/{kind}": 6 for kind in world_names()}}
-#: The least refuted count of each power check at 1.25×. Measured rates (benchmarks/results/null-simulations.md,
-#: level 0.2): the one-run and every-update audits 16 of 16 (95 % interval from 0.79); each world about 0.6.
-#: A check passes a test noticing at :data:`SIZED_FOR` with probability ≥ 0.95
-#: (:func:`test_the_checks_are_sized_as_stated`).
-AT_LEAST: dict[str, int] = {"one_run": 4, "every_update": 4, **{f"two_world/{kind}": 1 for kind in world_names()}}
-SIZED_FOR: dict[str, float] = {"one_run": 0.95, "every_update": 0.95, **{f"two_world/{kind}": 0.5 for kind in world_names()}}
-#: The pooled worlds' power check: at least 11 of their 30 audits at 1.25× (a test noticing at 0.5 fails it
-#: with probability 0.05, one refuting at no more than the level 0.2 passes it with probability 0.026).
-WORLDS_AT_LEAST = 11
+#: Each simulation's refuted audits at its departure (1.25×; 1.5× at q < 1) and level 0.2, pooled over
+#: benchmarks/results/null-simulations.md's rows (seeds apart from the tests'): what the power of each null
+#: check is sized on. The four worlds scored on the final model read the same draws by seed: one measurement.
+MEASURED_AT_DEPARTURE: dict[str, tuple[int, int]] = {
+    "one_run": (40, 40),
+    "every_update": (28, 30),
+    **{f"two_world/{kind}": (76, 80) for kind in world_names() if kind != "fixed_batch"},
+    "two_world/fixed_batch": (77, 80),
+    "every_update_subsampled": (25, 25),
+}
 
 
 def test_the_checks_are_sized_as_stated():
-    for name, audits in AUDITS.items():
-        assert chance_at_most(AT_LEAST[name] - 1, audits, SIZED_FOR[name]) <= 0.05, name
-    # a test that refutes at no more than the level passes the one-run and every-update power checks with
-    # probability ≤ 0.007; each world's alone with 0.74 (their pooled check is the sharp one)
-    for name in ("one_run", "every_update"):
-        assert 1 - chance_at_most(AT_LEAST[name] - 1, AUDITS[name], LEVEL) <= 0.007
-    worlds = sum(AUDITS[f"two_world/{kind}"] for kind in world_names())
-    assert chance_at_most(WORLDS_AT_LEAST - 1, worlds, 0.5) <= 0.05
-    assert 1 - chance_at_most(WORLDS_AT_LEAST - 1, worlds, LEVEL) <= 0.026
-    # every audit of the exact claim refuted fails each null check, and half of the worlds' pooled audits do
-    for audits in AUDITS.values():
-        assert clopper_pearson(audits, audits, confidence=2 * NULL_CHECK - 1)[0] > LEVEL
-    assert clopper_pearson(worlds // 2, worlds, confidence=2 * NULL_CHECK - 1)[0] > LEVEL
+    fail_at = refuted_to_fail(NULL_AUDITS)
+    # a level that holds fails a null check with probability ≤ 0.01 (0.0067 at exactly the level)
+    assert stats.binom.sf(fail_at - 1, NULL_AUDITS, LEVEL) <= 0.01
+    assert not level_exceeded(fail_at - 1, NULL_AUDITS) and level_exceeded(fail_at, NULL_AUDITS)
+    # each check fails at its departure with probability ≥ 0.9 at its simulation's measured rate
+    for name, (refuted, audits) in MEASURED_AT_DEPARTURE.items():
+        assert stats.binom.sf(fail_at - 1, NULL_AUDITS, refuted / audits) >= 0.9, name
 
 
 @functools.cache
-def counts(name: str, deficit: float) -> int:
-    """Refuted audits of simulation ``name`` at ``deficit``, once per session: seeds 10 000·i + 0, 1, … at
-    the truth and 10 000·i + 1000, … at 1.25× for the i-th simulation (the worlds' draws independent, so
-    that their counts pool)."""
-    first = 10_000 * list(SIMULATIONS).index(name) + (0 if deficit == 1.0 else 1000)
-    return refuted_count(name, deficit=deficit, audits=AUDITS[name], first_seed=first)
+def refuted(name: str, deficit: float) -> int:
+    """The null check's refuted audits of simulation ``name`` at ``deficit``, once per session."""
+    return null_check_refuted(name, deficit=deficit)
 
 
-def _null_and_power(name: str) -> None:
-    assert_level_holds(counts(name, 1.0), AUDITS[name])
-    assert_notices(counts(name, DEFICIT), AUDITS[name], at_least=AT_LEAST[name])
+def _null_check_passes_at_the_truth_and_fails_at_the_deficit(name: str) -> None:
+    departure = DEPARTURES[name]
+    at_truth, at_deficit = refuted(name, 1.0), refuted(name, departure)
+    assert not level_exceeded(at_truth, NULL_AUDITS), (
+        f"{at_truth} of {NULL_AUDITS} audits of the exact claim refuted: the rate is above {LEVEL} "
+        f"(lower end {null_check_lower_end(at_truth, NULL_AUDITS):.3f})"
+    )
+    assert level_exceeded(at_deficit, NULL_AUDITS), (
+        f"the null check passes audits of a claimed curve {departure}× too strong ({at_deficit} of {NULL_AUDITS} "
+        f"refuted, lower end {null_check_lower_end(at_deficit, NULL_AUDITS):.3f}): it could not notice a broken level"
+    )
 
 
 @pytest.mark.parametrize("kind", list(world_names()))
-def test_two_world_audit_holds_its_level_and_notices_a_curve_too_strong(kind):
-    """Every world through :func:`~dpverify.audits.two_world.run_two_world_audit` (its looks, its score
-    read from the final model or from every handed-over update, both tests)."""
-    _null_and_power(f"two_world/{kind}")
-
-
-def test_the_worlds_pooled_hold_the_level_and_notice_a_curve_too_strong():
-    names = [f"two_world/{kind}" for kind in world_names()]
-    audits = sum(AUDITS[name] for name in names)
-    assert_level_holds(sum(counts(name, 1.0) for name in names), audits)
-    assert_notices(sum(counts(name, DEFICIT) for name in names), audits, at_least=WORLDS_AT_LEAST)
+def test_two_world_null_check_passes_at_the_truth_and_fails_at_a_curve_too_strong(kind):
+    """Each world alone through :func:`~dpverify.audits.two_world.run_two_world_audit` (its looks, its
+    score read from the final model or from every handed-over update, both tests), 800 runs a world."""
+    _null_check_passes_at_the_truth_and_fails_at_the_deficit(f"two_world/{kind}")
 
 
 @pytest.mark.slow
-def test_one_run_audit_holds_its_level_and_notices_a_curve_too_strong():
+def test_one_run_null_check_passes_at_the_truth_and_fails_at_a_curve_too_strong():
     """The Dirac one-run audit through :func:`~dpverify.audits.run_audit` at 160 000 canaries (16 times the
     gate's: 40 000 refuted 0 of 8 at 1.25×); the curve test does the noticing."""
-    _null_and_power("one_run")
+    _null_check_passes_at_the_truth_and_fails_at_the_deficit("one_run")
 
 
 @pytest.mark.slow
@@ -129,16 +101,25 @@ def test_the_one_run_curve_test_is_what_notices():
     """At 1.25× the curve test refutes and the (ε, δ) test does not: a curve test that always passed would
     leave the audit blind to it (the first audit of the power check, seed 1000, read again)."""
     with without_power_step():
-        outcome = one_run_audit(deficit=DEFICIT, seed=1000, confidence=CONFIDENCE)
+        outcome = one_run_audit(deficit=DEFICIT, seed=1000, confidence=1 - LEVEL)
     assert outcome.curve_refuted and not outcome.epsilon_refuted
 
 
 @pytest.mark.slow
-def test_every_update_audit_holds_its_level_and_notices_a_curve_too_strong():
+def test_every_update_null_check_passes_at_the_truth_and_fails_at_a_curve_too_strong():
     """The every-update Dirac audit through :func:`~dpverify.audits.run_audit` (the updates read back by
     :class:`~dpverify.canaries.updates.DiracUpdates`, its looks) on DP-SGD handing over its updates, at
-    q = 1 (at q = 0.5 and 160 000 canaries it does not notice 1.25×: benchmarks/results/null-simulations.md)."""
-    _null_and_power("every_update")
+    q = 1 (q < 1: :func:`test_subsampled_every_update_null_check_passes_at_the_truth_and_fails_at_a_curve_too_strong`)."""
+    _null_check_passes_at_the_truth_and_fails_at_the_deficit("every_update")
+
+
+@pytest.mark.slow
+def test_subsampled_every_update_null_check_passes_at_the_truth_and_fails_at_a_curve_too_strong():
+    """The every-update audit at q = 0.5 in the gate's design (guesses on the members' side only), at the
+    gate's 40 000 canaries. Its power is shown at a claimed curve 1.5 times too strong, not 1.25: at q < 1
+    it does not notice 1.25× at 40 000 nor at 160 000 canaries (:data:`~tests.null_simulations.SUBSAMPLED_EVERY_UPDATE`,
+    benchmarks/results/null-simulations.md); two-sided guesses (the quick profile's) do not notice it either."""
+    _null_check_passes_at_the_truth_and_fails_at_the_deficit("every_update_subsampled")
 
 
 def test_the_fast_dirac_trainer_is_dp_sgd():
