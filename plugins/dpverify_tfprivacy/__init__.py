@@ -334,10 +334,7 @@ def implementations() -> list[Implementation]:
     return [
         TFPrivacyKeras(ImplementationInfo(name="tf-privacy-keras", notes=_NOTES, sampler=POISSON_SAMPLER, **_LIBRARY), "correct"),
         TFPrivacyKeras(_fast_clipping_info(), "correct", path="fast_clipping"),
-        TFPrivacyFTRL(ImplementationInfo(name="tf-privacy-ftrl", notes=_FTRL_NOTES, sampler=FTRL_SAMPLER, **_FTRL_LIBRARY)),
     ] + [_variant(*row) for row in _VARIANTS] + [_layer_variant(*row) for row in _LAYER_VARIANTS] + [
-        _ftrl_variant(*row) for row in _FTRL_VARIANTS
-    ] + [
         TFPrivacyKeras(
             ImplementationInfo(
                 name="tf-privacy-keras-fixed-batches",
@@ -351,4 +348,5 @@ def implementations() -> list[Implementation]:
             "correct",
             fixed_batches=True,
         ),
-    ]
+        TFPrivacyFTRL(ImplementationInfo(name="tf-privacy-ftrl", notes=_FTRL_NOTES, sampler=FTRL_SAMPLER, **_FTRL_LIBRARY)),
+    ] + [_ftrl_variant(*row) for row in _FTRL_VARIANTS]

@@ -16,9 +16,11 @@ accountant's exactly; beside it the tree's ``NoiseStructure.tree_aggregation``. 
 (DP-FTRL claims no amplification), whatever q named the epoch. The event is honest about what is counted (more nodes than the updates
 show: the audit's score reaches about half of its μ at q = 0.1, benchmarks/results/tf-privacy-ftrl.md).
 
-The step runs eagerly: the Keras optimizer keeps the tree's state in a Python attribute
-(``self._global_state``), which a traced step cannot carry from one call to the next (a second call of a
-``tf.function`` step fails with an out-of-scope tensor). Everything else is the shared TF-Privacy run's:
+The Keras optimizer keeps the tree's state in a Python attribute (``self._global_state``), which a traced
+step cannot carry from one call to the next (a second call of a ``tf.function`` step that only calls
+``minimize`` fails with an out-of-scope tensor), and run eagerly its per-microbatch ``tf.while_loop`` is a
+Python loop (seconds a step at a thousand records). So the step is traced with the state as its input and
+output (:class:`_TracedFTRL`), once per configuration and process. Everything else is the shared TF-Privacy run's:
 the model, the per-record loss and Jacobian, the public normaliser (the learning rate scaled by the batch
 over the designated normaliser), the seeds and the hand-over of every update (:mod:`._keras`).
 """
@@ -26,7 +28,8 @@ over the designated normaliser), the seeds and the hand-over of every update (:m
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from dpverify_tfprivacy._tf import tf  # first: it imports tensorflow without its CUDA-factory noise
 
@@ -40,7 +43,15 @@ from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras  # noqa: E4
 from dpverify.contract import PrivacyClaim, TrainingRequest, hand_over_kernels  # noqa: E402
 from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify.stats.correlated import NoiseStructure  # noqa: E402
-from dpverify_tfprivacy._keras import KerasRun, PerRecordJacobianTape, _black_boxes, build_mlp, per_example_loss  # noqa: E402
+from dpverify_tfprivacy._keras import (  # noqa: E402
+    KerasRun,
+    PerRecordJacobianTape,
+    _black_boxes,
+    build_mlp,
+    create_step_variables,
+    per_example_loss,
+)
+from dpverify_tfprivacy._reuse import LOCK, reused_step  # noqa: E402
 
 __all__ = ["ACCOUNTANT", "FTRL_STEPS", "calibrate_noise_multiplier", "claim", "epoch_batches", "epoch_steps", "train_ftrl", "tree_epochs"]
 
@@ -123,51 +134,77 @@ def make_optimizer(step: str, model: tf.keras.Model, *, noise_multiplier: float,
     raise ValueError(f"unknown DP-FTRL step {step!r}; expected one of {', '.join(FTRL_STEPS)}")
 
 
-class _GivenRows(tf.GradientTape):
-    """A tape whose ``jacobian`` is the per-record rows already computed for the batch (what the optimizer
-    asks of it with ``num_microbatches=None``)."""
+@dataclass(eq=False)
+class _TracedFTRL:
+    """A model, the DP-FTRL optimizer and its step traced for one configuration. The step takes the query's
+    global state (the tree) and returns the next: the Keras optimizer keeps it in a Python attribute, which a
+    traced step cannot carry from one call to the next, so it travels as the step's input and output."""
 
-    def __init__(self, rows):
-        super().__init__()
-        self._rows = rows
-
-    def jacobian(self, target, sources, **_ignored):
-        return self._rows
+    model: tf.keras.Model
+    optimizer: tf.keras.optimizers.legacy.Optimizer
+    step: Callable
 
 
-def train_ftrl(request: TrainingRequest, step: str, noise_multiplier: float) -> KerasRun:
-    """Train the designated model with TF-Privacy's DP-FTRL (or its mutation ``step``), eagerly, on the CPU.
-
-    A step whose batch is empty (fewer records than the epoch's steps) still runs the optimizer, on one null
-    record whose loss is weighted 0: the tree releases its noise as on any step, and the update is that noise
-    over the public normaliser."""
-    if request.num_tags:
-        raise ValueError("DP-FTRL here trains the main head only: a request with tags is not supported")
+def _traced_ftrl(request: TrainingRequest, step: str, noise_multiplier: float, period: int, epochs: int) -> _TracedFTRL:
+    """The traced step of ``(step, σ, period, epochs)`` and the request's model, built once per process."""
     hp = request.hyperparameters
-    period = epoch_steps(hp.sampling_rate)
-    seeds = seeds_for(request.seed)
-    normaliser = hp.normaliser(request.num_records)
     loss_per_record = per_example_loss(request)
-    with tf.device("/CPU:0"):
+    key = ("ftrl", step, noise_multiplier, period, epochs, request.architecture, request.dimension, request.num_classes,
+           hp.max_grad_norm, hp.learning_rate)  # fmt: skip
+
+    def build() -> _TracedFTRL:
         model = build_mlp(request)
-        if request.architecture.is_softmax_regression:
-            model.set_weights([np.zeros(w.shape, w.dtype.as_numpy_dtype) for w in model.weights])
-        optimizer = make_optimizer(
-            step, model, noise_multiplier=noise_multiplier, period=period, epochs=len(tree_epochs(hp.steps, period)),
-            l2_norm_clip=hp.max_grad_norm, num_microbatches=None, noise_seed=seeds.noise % 2**31, learning_rate=hp.learning_rate,
-        )  # fmt: skip
+        optimizer = make_optimizer(step, model, noise_multiplier=noise_multiplier, period=period, epochs=epochs,
+                                   noise_seed=0, **_common(request))  # fmt: skip
+        create_step_variables(optimizer, model)
 
         def weighted_loss(x, targets):  # targets: (n, 2) of label and weight (0 for the null record)
             return loss_per_record(tf.cast(targets[:, 0], tf.int64), model(x, training=True)) * targets[:, 1]
 
-        specs = (tf.TensorSpec([None, request.dimension], tf.float32), tf.TensorSpec([None, 2], tf.float32))
-
-        @tf.function(input_signature=specs)
-        def rows(x, targets):  # the per-record Jacobian, traced once (eager vectorized_map retraces every call)
+        @tf.function(reduce_retracing=True)  # the tree's buffer grows with its depth: shapes generalised
+        def dp_step(x, targets, global_state):
+            optimizer._global_state = global_state  # noqa: SLF001 (the query's state, see the class docstring)
             tape = PerRecordJacobianTape(weighted_loss, (x, targets))
-            return tape.jacobian(weighted_loss(x, targets), model.trainable_variables)
+            with tape:
+                loss = weighted_loss(x, targets)
+            optimizer.minimize(loss, model.trainable_variables, tape=tape)
+            return optimizer._global_state  # noqa: SLF001
 
-        null = (np.zeros((1, request.dimension), np.float32), np.zeros((1, 2), np.float32))
+        return _TracedFTRL(model=model, optimizer=optimizer, step=dp_step)
+
+    return reused_step(key, build)
+
+
+def _common(request: TrainingRequest) -> dict:
+    hp = request.hyperparameters
+    return dict(l2_norm_clip=hp.max_grad_norm, num_microbatches=None, learning_rate=hp.learning_rate)
+
+
+def train_ftrl(request: TrainingRequest, step: str, noise_multiplier: float) -> KerasRun:
+    """Train the designated model with TF-Privacy's DP-FTRL (or its mutation ``step``) on the CPU.
+
+    The tree's noise comes from its own seeded generator (``noise_seed``, from the run's noise seed): the
+    run's initial global state is that of the optimizer built with it. A step whose batch is empty (fewer
+    records than the epoch's steps) still runs the optimizer, on one null record whose loss is weighted 0:
+    the tree releases its noise as on any step, and the update is that noise over the public normaliser."""
+    if request.num_tags:
+        raise ValueError("DP-FTRL here trains the main head only: a request with tags is not supported")
+    hp = request.hyperparameters
+    period = epoch_steps(hp.sampling_rate)
+    epochs = len(tree_epochs(hp.steps, period))
+    seeds = seeds_for(request.seed)
+    normaliser = hp.normaliser(request.num_records)
+    null = (np.zeros((1, request.dimension), np.float32), np.zeros((1, 2), np.float32))
+    with LOCK, tf.device("/CPU:0"):
+        entry = _traced_ftrl(request, step, noise_multiplier, period, epochs)
+        model, optimizer = entry.model, entry.optimizer
+        if request.architecture.is_softmax_regression:
+            model.set_weights([np.zeros(w.shape, w.dtype.as_numpy_dtype) for w in model.weights])
+        else:
+            model.set_weights(build_mlp(request).get_weights())
+        optimizer.iterations.assign(0)
+        state = make_optimizer(step, model, noise_multiplier=noise_multiplier, period=period, epochs=epochs,
+                               noise_seed=seeds.noise % 2**31, **_common(request))._global_state  # noqa: SLF001  # fmt: skip
         hand_over_kernels(request, 0, model.get_weights)
         batch_sizes = []
         for taken, indices in enumerate(epoch_batches(request.num_records, period, hp.steps, seeds.sampling), 1):
@@ -178,15 +215,12 @@ def train_ftrl(request: TrainingRequest, step: str, noise_multiplier: float) -> 
             else:
                 x, targets = null
             optimizer.learning_rate.assign(hp.learning_rate * x.shape[0] / normaliser)  # the divisor: microbatches
-            inputs = (tf.constant(x), tf.constant(targets))
-            tape = _GivenRows(rows(*inputs))
-            with tape:
-                loss = weighted_loss(*inputs)
-            optimizer.minimize(loss, model.trainable_variables, tape=tape)
+            state = entry.step(tf.constant(x), tf.constant(targets), state)
             hand_over_kernels(request, taken, model.get_weights)
             if request.progress is not None:
                 request.progress(taken, hp.steps)
         weights = model.get_weights()
+        optimizer_steps = int(optimizer.iterations.numpy())
     for variable, value in zip(model.weights, weights):
         if not np.all(np.isfinite(value)):
             raise FloatingPointError(f"training diverged: {variable.name} has non-finite entries")
@@ -194,6 +228,6 @@ def train_ftrl(request: TrainingRequest, step: str, noise_multiplier: float) -> 
         **_black_boxes(model, weights, "/CPU:0", request),
         device="cpu",
         batch_sizes=tuple(batch_sizes),
-        optimizer_steps=int(optimizer.iterations.numpy()),
+        optimizer_steps=optimizer_steps,
         weights=tuple(weights),
     )
