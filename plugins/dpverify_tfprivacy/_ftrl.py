@@ -161,7 +161,6 @@ def _traced_ftrl(request: TrainingRequest, step: str, noise_multiplier: float, p
         def weighted_loss(x, targets):  # targets: (n, 2) of label and weight (0 for the null record)
             return loss_per_record(tf.cast(targets[:, 0], tf.int64), model(x, training=True)) * targets[:, 1]
 
-        @tf.function(reduce_retracing=True)  # the tree's buffer grows with its depth: shapes generalised
         def dp_step(x, targets, global_state):
             optimizer._global_state = global_state  # noqa: SLF001 (the query's state, see the class docstring)
             tape = PerRecordJacobianTape(weighted_loss, (x, targets))
@@ -170,7 +169,10 @@ def _traced_ftrl(request: TrainingRequest, step: str, noise_multiplier: float, p
             optimizer.minimize(loss, model.trainable_variables, tape=tape)
             return optimizer._global_state  # noqa: SLF001
 
-        return _TracedFTRL(model=model, optimizer=optimizer, step=dp_step)
+        # The tree's buffers grow with its depth: every dimension of the state left free, so one trace serves.
+        state = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), optimizer._global_state)  # noqa: SLF001
+        batch = (tf.TensorSpec([None, request.dimension], tf.float32), tf.TensorSpec([None, 2], tf.float32))
+        return _TracedFTRL(model=model, optimizer=optimizer, step=tf.function(dp_step, input_signature=(*batch, state)))
 
     return reused_step(key, build)
 
