@@ -13,8 +13,9 @@ The claim: ε from that RDP (dp_accounting's RDP-to-(ε, δ) conversion over TF-
 mechanism the accountant's proof counts, D = Σ_epochs (⌊log₂P⌋ + 1) tree nodes a record touches, each a
 Gaussian of sensitivity 1 and noise σ: ``SelfComposedDpEvent(GaussianDpEvent(σ), D)``, whose RDP is the
 accountant's exactly; beside it the tree's ``NoiseStructure.tree_aggregation``. The event samples nothing
-(DP-FTRL claims no amplification), whatever q named the epoch. The event is honest about what is counted (more nodes than the updates
-show: the audit's score reaches about half of its μ at q = 0.1, benchmarks/results/tf-privacy-ftrl.md).
+(DP-FTRL claims no amplification), whatever q named the epoch. It counts more nodes than the updates show,
+and the every-update audit does not know each record's step, so its score reaches about half of the claimed
+μ at q = 0.1 (benchmarks/results/tf-privacy-ftrl.md).
 
 The Keras optimizer keeps the tree's state in a Python attribute (``self._global_state``), which a traced
 step cannot carry from one call to the next (a second call of a ``tf.function`` step that only calls
@@ -53,7 +54,19 @@ from dpverify_tfprivacy._keras import (  # noqa: E402
 )
 from dpverify_tfprivacy._reuse import LOCK, reused_step  # noqa: E402
 
-__all__ = ["ACCOUNTANT", "FTRL_STEPS", "calibrate_noise_multiplier", "claim", "epoch_batches", "epoch_steps", "train_ftrl", "tree_epochs"]
+__all__ = [
+    "ACCOUNTANT",
+    "FTRL_STEPS",
+    "ORDERS",
+    "calibrate_noise_multiplier",
+    "claim",
+    "epoch_batches",
+    "epoch_steps",
+    "make_optimizer",
+    "train_ftrl",
+    "tree_epochs",
+    "tree_epsilon",
+]
 
 ACCOUNTANT = "tensorflow_privacy compute_rdp_tree_restart (RDP of the restarted tree, dp_accounting's conversion)"
 #: The RDP orders of the accountant's own docstring example.
