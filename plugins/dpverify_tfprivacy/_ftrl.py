@@ -182,12 +182,28 @@ def _traced_ftrl(request: TrainingRequest, step: str, noise_multiplier: float, p
             optimizer.minimize(loss, model.trainable_variables, tape=tape)
             return optimizer._global_state  # noqa: SLF001
 
-        # The tree's buffers grow with its depth: every dimension of the state left free, so one trace serves.
-        state = tf.nest.map_structure(lambda t: tf.TensorSpec([None] * t.shape.rank, t.dtype), optimizer._global_state)  # noqa: SLF001
+        state = _state_signature(optimizer._global_state)  # noqa: SLF001
         batch = (tf.TensorSpec([None, request.dimension], tf.float32), tf.TensorSpec([None, 2], tf.float32))
         return _TracedFTRL(model=model, optimizer=optimizer, step=tf.function(dp_step, input_signature=(*batch, state)))
 
     return reused_step(key, build)
+
+
+def _state_signature(state):
+    """The query's global state as specs: exact shapes, but the tree's level buffers (``TreeState``'s
+    ``level_buffer`` and ``level_buffer_idx``), which grow with its depth, free in their leading dimension, so
+    one trace serves every step."""
+    exact = lambda t: tf.TensorSpec(t.shape, t.dtype)  # noqa: E731
+    growing = lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype)  # noqa: E731
+    if hasattr(state, "level_buffer_idx"):
+        return state._replace(
+            level_buffer=tf.nest.map_structure(growing, state.level_buffer),
+            level_buffer_idx=growing(state.level_buffer_idx),
+            value_generator_state=tf.nest.map_structure(exact, state.value_generator_state),
+        )
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(_state_signature(part) for part in state))
+    return tf.nest.map_structure(exact, state)
 
 
 def _common(request: TrainingRequest) -> dict:
