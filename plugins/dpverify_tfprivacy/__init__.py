@@ -9,6 +9,9 @@ boxes.
 ``tf-privacy-fast-clipping`` trains the same model as TF-Privacy's ``DPModel`` (``make_dp_model_class``)
 with the fast-clipping layer registry (ghost norms), with the same sampler, seeds and claim.
 The variants (classes 1-4 of ``docs/bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
+``tf-privacy-ftrl`` trains with ``DPFTRLTreeAggregationOptimizer`` (DP-FTRL, the tree restarted every epoch of
+1/q batches) and claims what ``compute_rdp_tree_restart`` counts, with the tree's noise structure; its two
+variants (classes 13 and 16) are in :mod:`dpverify_tfprivacy._ftrl`.
 ``tf-privacy-keras-fixed-batches`` is the unmodified optimizer fed as TF-Privacy's tutorial feeds it:
 shuffled fixed-size batches, accounted by ``compute_dp_sgd_privacy`` as Poisson sampling (a known issue:
 its own documentation says that it "assumes Poisson subsampling, which is rarely used in practice").
@@ -163,9 +166,9 @@ class TFPrivacyFTRL(Implementation):
 _FTRL_NOTES = (
     "tensorflow_privacy.DPFTRLTreeAggregationOptimizer (SGD over TreeResidualSumQuery, the efficient tree), "
     "num_microbatches=None, restart_period = P = 1/q: no sampling, each epoch a fresh shuffle split into P "
-    "batches, so a record is in exactly one step an epoch, the tree restarted every epoch. Run eagerly: the "
-    "Keras optimizer keeps the tree's state in a Python attribute, which a traced step cannot carry across "
-    "calls. Normaliser: the learning rate scaled by the batch over the designated normaliser, as for "
+    "batches, so a record is in exactly one step an epoch, the tree restarted every epoch. The Keras optimizer "
+    "keeps the tree's state in a Python attribute, which a traced step cannot carry across calls, so the step "
+    "is traced with that state as its input and output. Normaliser: the learning rate scaled by the batch over the designated normaliser, as for "
     "tf-privacy-keras. Claim: ε from compute_rdp_tree_restart(σ, [P, ...]) (RDP, add/remove), stated as the "
     "nodes the accountant counts, SelfComposedDpEvent(GaussianDpEvent(σ), D) with D = Σ_epochs (⌊log₂P⌋ + 1) "
     "(no sampling: the event is not amplified), and the tree's "
