@@ -36,6 +36,8 @@ NAMES = (
     "tf-privacy-fast-clipping-layer-norm-norm",
     "tf-privacy-keras-fixed-batches",
 )
+#: DP-FTRL's path and its variants (tests/test_tfprivacy_ftrl.py), listed after the DP-SGD ones.
+FTRL_NAMES = ("tf-privacy-ftrl", "tf-privacy-ftrl-no-restart", "tf-privacy-ftrl-one-epoch-noise")
 BUG_OF = (
     {name: bug for bug, name in enumerate(NAMES[2:5], start=1)}
     | {name: bug for bug, name in enumerate(NAMES[5:9], start=1)}
@@ -95,13 +97,13 @@ def test_listing_does_not_import_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().split(",") == list(NAMES)
+    assert out.stdout.strip().split(",") == list(NAMES + FTRL_NAMES)
 
 
 def test_infos():
     infos = {i.info.name: i.info for i in dpverify_tfprivacy.implementations()}
-    assert tuple(infos) == NAMES
-    for info in infos.values():
+    assert tuple(infos) == NAMES + FTRL_NAMES
+    for info in (infos[name] for name in NAMES):
         assert info.library == "tensorflow-privacy"
         assert info.requires == ("tensorflow", "tensorflow_privacy")
         assert info.extra == "tf-privacy"

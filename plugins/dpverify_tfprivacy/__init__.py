@@ -9,6 +9,9 @@ boxes.
 ``tf-privacy-fast-clipping`` trains the same model as TF-Privacy's ``DPModel`` (``make_dp_model_class``)
 with the fast-clipping layer registry (ghost norms), with the same sampler, seeds and claim.
 The variants (classes 1-4 of ``docs/bugs.md``) change one piece of TF-Privacy's real step and keep the claim.
+``tf-privacy-ftrl`` trains with ``DPFTRLTreeAggregationOptimizer`` (DP-FTRL, the tree restarted every epoch of
+1/q batches) and claims what ``compute_rdp_tree_restart`` counts, with the tree's noise structure; its two
+variants (classes 13 and 16) are in :mod:`dpverify_tfprivacy._ftrl`.
 ``tf-privacy-keras-fixed-batches`` is the unmodified optimizer fed as TF-Privacy's tutorial feeds it:
 shuffled fixed-size batches, accounted by ``compute_dp_sgd_privacy`` as Poisson sampling (a known issue:
 its own documentation says that it "assumes Poisson subsampling, which is rarely used in practice").
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest, noise_and_claim
 
-__all__ = ["TFPrivacyKeras", "implementations"]
+__all__ = ["TFPrivacyFTRL", "TFPrivacyKeras", "implementations"]
 
 #: The two DP code paths: TF-Privacy's Keras optimizer, and its DP Keras model with fast gradient clipping.
 PATHS: tuple[str, ...] = ("optimizer", "fast_clipping")
@@ -129,6 +132,77 @@ class TFPrivacyKeras(Implementation):
             claim=claim,
             device=run.device,
         )
+
+
+class TFPrivacyFTRL(Implementation):
+    """TF-Privacy's DP-FTRL (``DPFTRLTreeAggregationOptimizer``, the tree restarted every epoch) and its
+    accountant ``compute_rdp_tree_restart``, correct (``step="correct"``) or one of its mutations
+    (:data:`dpverify_tfprivacy._ftrl.FTRL_STEPS`); the claim is always the correct run's."""
+
+    def __init__(self, info: ImplementationInfo, step: str = "correct") -> None:
+        self.info = info
+        self.step = step
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        from dpverify_tfprivacy import _ftrl
+
+        hp = request.hyperparameters
+        period = _ftrl.epoch_steps(hp.sampling_rate)
+        epochs = tuple(_ftrl.tree_epochs(hp.steps, period))
+        sigma, claim = noise_and_claim(
+            self.info.name,
+            "TF-Privacy",
+            hp,
+            calibrate=lambda: _ftrl.calibrate_noise_multiplier(hp.target_epsilon, epochs, hp.delta),
+            claim=lambda sigma: _ftrl.claim(sigma, steps=hp.steps, period=period, delta=hp.delta),
+        )
+        try:
+            run = _ftrl.train_ftrl(request, self.step, sigma)
+        except (FloatingPointError, ValueError) as exc:
+            raise RuntimeError(f"{self.info.name}: {exc}") from exc
+        return TrainedModel(predict_log_proba=run.predict_log_proba, claim=claim, device=run.device)
+
+
+_FTRL_NOTES = (
+    "tensorflow_privacy.DPFTRLTreeAggregationOptimizer (SGD over TreeResidualSumQuery, the efficient tree), "
+    "num_microbatches=None, restart_period = P = 1/q: no sampling, each epoch a fresh shuffle split into P "
+    "batches, so a record is in exactly one step an epoch, the tree restarted every epoch. The Keras optimizer "
+    "keeps the tree's state in a Python attribute, which a traced step cannot carry across calls, so the step "
+    "is traced with that state as its input and output. Normaliser: the learning rate scaled by the batch over the designated normaliser, as for "
+    "tf-privacy-keras. Claim: ε from compute_rdp_tree_restart(σ, [P, ...]) (RDP, add/remove), stated as the "
+    "nodes the accountant counts, SelfComposedDpEvent(GaussianDpEvent(σ), D) with D = Σ_epochs (⌊log₂P⌋ + 1) "
+    "(no sampling: the event is not amplified), and the tree's "
+    "noise structure (NoiseStructure.tree_aggregation(steps, restart_period=P))."
+)
+
+#: The DP-FTRL variants: (name, step, docs/bugs.md class, detectability, what breaks, how it is built).
+_FTRL_VARIANTS = (
+    ("tf-privacy-ftrl-no-restart", "no_restart", 16, "D3",
+     "DP-FTRL's tree must restart at every epoch the accountant counts; it never restarts, so a record's "
+     "epochs share one tree whose nodes hold several of its gradients.",
+     "The optimizer is built without restart_period (one tree for the whole run) while the accountant "
+     "counts a tree per epoch."),
+    ("tf-privacy-ftrl-one-epoch-noise", "one_epoch_noise", 13, "D3",
+     "The tree's node noise must be σ·C for the accountant's sensitivity over every epoch; it is scaled "
+     "for one epoch's tree, σ·C/√epochs.",
+     "The optimizer is given the noise multiplier σ/√epochs (the sensitivity of one epoch's tree) while the "
+     "accountant counts every epoch at σ. D3, not D2, although the noise is √epochs too small: the gate's "
+     "every-update audit (σ = 1, q = 0.1) cannot refute DP-FTRL's unamplified claim there (ε 41.6) whatever the "
+     "noise; the one-run audit at full batch refutes it."),
+)
+
+
+def _ftrl_variant(name: str, step: str, bug: int, detectability: str, breaks: str, how: str) -> TFPrivacyFTRL:
+    info = ImplementationInfo(
+        name=name, expected="violation", breaks=breaks, bug=bug, detectability=detectability,
+        notes=f"{how} The claim is the correct run's. {_FTRL_NOTES}", sampler=FTRL_SAMPLER, **_FTRL_LIBRARY,
+    )  # fmt: skip
+    return TFPrivacyFTRL(info, step)
+
+
+#: What draws DP-FTRL's batches: an epoch's shuffle split into 1/q batches (:func:`._ftrl.epoch_batches`).
+FTRL_SAMPLER = "dpverify_tfprivacy.epoch_batches"
+_FTRL_LIBRARY = dict(library="tensorflow-privacy", requires=("tensorflow", "tensorflow_privacy"), extra="tf-privacy")
 
 
 #: What each docs/bugs.md class breaks, whichever path carries it.
@@ -279,4 +353,5 @@ def implementations() -> list[Implementation]:
             "correct",
             fixed_batches=True,
         ),
-    ]
+        TFPrivacyFTRL(ImplementationInfo(name="tf-privacy-ftrl", notes=_FTRL_NOTES, sampler=FTRL_SAMPLER, **_FTRL_LIBRARY)),
+    ] + [_ftrl_variant(*row) for row in _FTRL_VARIANTS]
