@@ -18,22 +18,22 @@ The variants change one library call and keep the claim:
 
 - ``single_participation`` (docs/bugs.md class 13, jax_privacy PR #238's class): the stddev is σ times
   ``sensitivity.single_participation_sensitivity(C)``, the largest column norm, while a record takes part ⌈T/b⌉
-  times: at q = 1 and T = 10 the noise is 4.8 times too small (‖C·1‖ 6.44 against 1.34).
+  times: at q = 1 the noise is ‖C·1‖/1.118 too small, 4.1 times at T = 10 steps and 7.5 at T = 32.
 - ``mismatched_noising`` (class 15): the privatizer's noising matrix is the inverse of the unbanded Toeplitz
   square root (``optimal_max_error_strategy_coefs(T)``) while the sensitivity and the claim are the
   :data:`BANDS`-band strategy's: the noise stream and the accounting drift apart.
-- ``short_noising`` (a finding in the release, class 15; not registered): the noising matrix is materialised for a strategy sized for the
-  first ⌈T/2⌉ steps (a banded Toeplitz's leading block, exact for those steps) and the run goes on for T. The
-  2.0.0 dense privatizer does not stop: its update reads ``matrix_row = noising_matrix[index] * stddev`` with
-  ``index`` the step counter in its state, and JAX clamps an out-of-bounds gather, so every step from ⌈T/2⌉ on
-  gets row ⌈T/2⌉ − 1 again; the noise of that row is ``Σ_j row_j · normal(fold_in(prng_key, j))`` with the same
-  key every step (``_gaussian_linear_combination``), so the same noise vector is added again and the differences
-  of those updates carry no noise at all. jax_privacy PR #338 (after 2.0.0) makes that an ``IndexError``. The
-  every-update audit does not find it: its score, fixed by the claimed strategy, adds the repeated noise up
-  coherently over the later steps and carries about 0.06 of the claimed signal (undecided); an adversary who
-  reads the noiseless differences is not what the score is (benchmarks/results/dense-mf.md). So it is a
-  documented, tested finding (tests/test_dense_mf.py), not a registered known issue the gate would report as
-  undecided.
+- ``short_noising`` (a finding in the release, class 15; not registered): the noising matrix is materialised
+  for a strategy sized for the first ⌈T/2⌉ steps (the banded Toeplitz's leading block, exact for those steps)
+  and the run goes on for T. The 2.0.0 dense privatizer does not stop: its update reads
+  ``matrix_row = noising_matrix[index] * stddev`` with ``index`` the step counter in its state, JAX clamps an
+  out-of-bounds gather, so every step from ⌈T/2⌉ on gets row ⌈T/2⌉ − 1 again, and that row's noise
+  ``Σ_j row_j · normal(fold_in(prng_key, j))`` is drawn from the same key every step
+  (``_gaussian_linear_combination``): the same noise vector is added again, and the differences of those
+  updates carry no noise at all. jax_privacy PR #338 (after 2.0.0) makes it an ``IndexError``. The every-update
+  audit does not find it: its score, fixed by the claimed strategy, adds the repeated noise up over the later
+  steps (numpy ceiling: 0.20 of the claimed μ; measured ρ about 0.06, undecided), while the noiseless
+  differences it does not read separate members perfectly (benchmarks/results/dense-mf.md). So it is a tested
+  finding (tests/test_dense_mf.py), not a registered known issue the gate would report as undecided.
 
 This module imports neither jax nor jax_privacy until a run trains: listing implementations works without them.
 """
@@ -52,7 +52,9 @@ BANDS = 2
 #: The runs: the library's path as documented, and one call changed.
 KINDS: tuple[str, ...] = ("correct", "single_participation", "mismatched_noising", "short_noising")
 
-_LIBRARY = dict(library="jax-privacy", requires=("jax", "jax_privacy", "dp_accounting"), extra="jax-privacy")
+_LIBRARY = dict(
+    library="jax-privacy", requires=("jax", "jax_privacy", "dp_accounting"), extra="jax-privacy", correlated_noise=True
+)
 
 _NOTES = (
     "jax_privacy core API with a dense matrix-factorization privatizer: batch_selection.CyclicPoissonSampling("
