@@ -1,12 +1,12 @@
 """The every-update audit of JAX-Privacy's dense matrix-factorization path over seeds, beside its numpy ceiling.
 
-Each run is ``run_audit`` of ``jax-privacy-dense-mf`` (or one of its runs, ``--kinds``) with the every-update
-audit at q = 1 (full batch: a record in every step, min-separation 1), the quick profile's Dirac canaries
-otherwise: ``--runs`` pooled runs of 500 canaries, ``--steps`` steps, σ = 1, one-sided, confidence 0.99.
+Each run is ``run_audit`` of ``jax-privacy-dense-mf`` (or one of its runs, ``--kinds``) with the default gate's
+every-update audit of correlated noise (``every_update_config(correlated=True)``: q = 1, a record in every step,
+min-separation 1), at confidence 0.99.
 
 The ceiling is numpy's, per run, for a canary with a unit gradient in a fixed direction at every step (the
 perfect attacker on the mechanism the run has, module docstring of dpverify.stats.correlated): the claimed
-μ = 1/σ; the true μ = ‖C_noise·1‖/τ_run with C_noise the strategy whose inverse draws the noise and τ_run its
+μ = 1/σ (σ the one calibrated to the target ε); the true μ = ‖C_noise·1‖/τ_run with C_noise the strategy whose inverse draws the noise and τ_run its
 stddev; the claimed-structure score's μ = ‖C·1‖/(τ_run·s) with s² = ‖Mᵀ Cᵀ C·1‖²/‖C·1‖², M the noise's map from
 unit Gaussians (C_noise⁻¹, its rows clamped as the release reads them), what the audit's score can reach; and the
 final model's μ = T/(τ_run‖Mᵀ1‖), the one-run audit's observation. For the run past its noising matrix's
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dpverify.audits import run_audit
-from dpverify.config import profile_config
+from dpverify.config import every_update_config
 from dpverify_jaxprivacy import _matrix_factorization as dense_mf
 
 NAMES = {
@@ -61,8 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", default=list(NAMES), choices=list(NAMES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--profile", default="quick")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     infos = {impl.info.name: impl.info for impl in dense_mf.implementations()}
@@ -70,17 +69,17 @@ def main() -> None:
         "| run | seed | verdict | curve refuted | curve p | ε_L (curve) | ρ | CPU s |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    design = every_update_config(args.profile, {"device": "cpu"}, correlated=True)
+    steps, sigma = design.hyperparameters.steps, None
     started = time.process_time()
     for kind in args.kinds:
         info = infos.get(NAMES[kind], infos["jax-privacy-dense-mf"])
         impl = dense_mf.DenseMatrixFactorization(info, kind)
         for seed in args.seeds:
-            config = profile_config(
-                "quick", observe="every_update", m=500 * args.runs, pooled_runs=args.runs, sampling_rate=1.0,
-                epochs=args.steps, noise_multiplier=1.0, sides="one", device="cpu", confidence=0.99, seed=seed,
-            )  # fmt: skip
+            config = every_update_config(args.profile, {"device": "cpu"}, correlated=True).with_overrides(confidence=0.99, seed=seed)
             before = time.process_time()
             result = run_audit(impl, config)
+            sigma = dense_mf._calibrated_sigma(design.hyperparameters.target_epsilon, design.hyperparameters.delta)
             rho = result.power.signal_fraction if result.power is not None else float("nan")
             p_value = float("nan") if result.curve_p_value is None else result.curve_p_value
             curve_lower = float("nan") if result.curve_epsilon_lower_bound is None else result.curve_epsilon_lower_bound
@@ -95,7 +94,7 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for kind in args.kinds:
-        c = ceiling(kind, args.steps)
+        c = ceiling(kind, steps, sigma)
         ceilings.append(
             f"| {NAMES[kind]} | {c['claimed']:.3f} | {c['true']:.3f} | {c['score']:.3f} | {c['final']:.3f} | {c['score'] / c['claimed']:.2f} |"
         )
@@ -103,11 +102,11 @@ def main() -> None:
         [
             f"- date: {datetime.date.today().isoformat()}",
             f"- command: `PYTHONPATH=$PWD:$PWD/plugins KERAS_BACKEND=jax .venvs/jax/bin/python benchmarks/dense_mf.py --seeds {' '.join(map(str, args.seeds))} --kinds {' '.join(args.kinds)}`",
-            f"- every-update audit at q = 1: {args.runs} pooled runs of 500 Dirac canaries, {args.steps} steps, σ = 1, one-sided, confidence 0.99; {time.process_time() - started:.0f} CPU-s in all",
+            f"- the default gate's every-update audit of correlated noise at the {args.profile} profile (q = 1): {design.pooled_runs} pooled runs of {design.canaries_per_run[0]} Dirac canaries, {steps} steps, target ε {design.hyperparameters.target_epsilon:g} (σ = {sigma:.3f}), one-sided, at confidence 0.99; {time.process_time() - started:.0f} CPU-s in all",
             "",
             *lines,
             "",
-            "Numpy ceiling (a unit gradient in a fixed direction at every step, σ = 1):",
+            f"Numpy ceiling (a unit gradient in a fixed direction at every step, σ = {sigma:.3f}):",
             "",
             *ceilings,
         ]

@@ -554,14 +554,16 @@ EVERY_UPDATE_RUNS: dict[str, int] = {"quick": 16, "standard": 64, "gpu": 64, "ml
 EVERY_UPDATE_GATE_SETTINGS: tuple[str, ...] = ("m", "pooled_runs", "device", "timeout")
 #: What the every-update audit of correlated noise designates instead (an implementation whose claim states a
 #: noise structure, :attr:`~dpverify.contract.ImplementationInfo.correlated_noise`): the full batch, a record in
-#: every one of 32 steps at σ = 1, half the profile's runs of 500 Dirac canaries. Only there does the score
-#: decorrelate by the claim's strategy exactly (its event is the full-batch Gaussian of the whitened updates:
+#: every one of 32 steps, half the profile's runs of 500 Dirac canaries. Only there does the score decorrelate
+#: by the claim's strategy exactly (its event is the full-batch Gaussian of the whitened updates:
 #: :func:`~dpverify.stats.events.correlated_noise`); at q = 0.1 it scores every step while a record takes part in
-#: a tenth of them (a 7.5-fold noise deficit of jax-privacy-dense-mf-single-participation passed it, ρ 1.2). At
-#: the quick profile's 8 runs a correct dense-MF run passed on 5 of 5 seeds (ρ 0.90–0.94) and its two variants
-#: were refuted on 5 of 5, each audit about 4 CPU-s once traced (benchmarks/results/dense-mf.md).
+#: a tenth of them (a 2.8-fold noise deficit of jax-privacy-dense-mf-single-participation passed it, ρ 1.2). It
+#: designates a target ε (4), not σ: a σ designates DP-SGD's run, 32 composed steps, while the claim's event is
+#: one Gaussian of the whitened updates, the μ-GDP run a target ε designates at q = 1. At the quick profile a
+#: correct dense-MF run passed on 5 of 5 seeds and its two variants were refuted on 5 of 5, each audit a few
+#: CPU-s once traced (benchmarks/results/dense-mf.md).
 EVERY_UPDATE_CORRELATED_SETTING: dict[str, Any] = dict(
-    observe="every_update", noise_multiplier=1.0, sampling_rate=1.0, epochs=32, sides="one"
+    observe="every_update", epsilon=4.0, sampling_rate=1.0, epochs=32, sides="one"
 )
 EVERY_UPDATE_CORRELATED_CANARIES = 500
 
