@@ -31,7 +31,7 @@ The variants change one library call and keep the claim:
   (``_gaussian_linear_combination``): the same noise vector is added again, and the differences of those
   updates carry no noise at all. jax_privacy PR #338 (after 2.0.0) makes it an ``IndexError``. The every-update
   audit does not find it: its score, fixed by the claimed strategy, adds the repeated noise up over the later
-  steps (numpy ceiling: 0.20 of the claimed μ; measured ρ about 0.06, undecided), while the noiseless
+  steps (numpy ceiling: 0.20 of the claimed μ; measured ρ 0.11–0.22, undecided on 5 of 5 seeds), while the noiseless
   differences it does not read separate members perfectly (benchmarks/results/dense-mf.md). So it is a tested
   finding (tests/test_dense_mf.py), not a registered known issue the gate would report as undecided.
 
