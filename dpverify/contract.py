@@ -593,6 +593,8 @@ class ImplementationInfo:
     ``sampler`` names the code that draws its batches (``"opacus.DPDataLoader"``): the fixed-batch world
     asks only whether that code samples as the claim's accountant assumes, so the default gate runs it on
     the first implementation of each named sampler in a session and not again on the others.
+    ``correlated_noise`` says its claim states a noise structure (:attr:`PrivacyClaim.noise_structure`): the
+    default gate's every-update audit then designates the full batch, where its score reads that structure exactly.
     """
 
     name: str
@@ -611,6 +613,7 @@ class ImplementationInfo:
     layers: tuple[str, ...] = ()
     layer_issues: tuple[tuple[str, str], ...] = ()
     sampler: str | None = None
+    correlated_noise: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

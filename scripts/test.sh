@@ -3,7 +3,8 @@
 # .venvs/torch, then in .venvs/jax what applies there: the JAX-Privacy tests (tests/test_layers.py: its layer
 # designs; the torch ones skip), the event claims in the relations only its dp_accounting 0.6 accounts
 # (tests/test_claim_events.py: replace-one and zero-out), the correlated-noise strategies checked against
-# JAX-Privacy's own sensitivities (tests/test_correlated.py) and the ready-made audits of the
+# JAX-Privacy's own sensitivities (tests/test_correlated.py), its dense matrix-factorization path
+# (tests/test_dense_mf.py) and the ready-made audits of the
 # JAX family (`dp-audit`, the virtual module of the ready-made audits) but what the default gate leaves out
 # (pyproject.toml's dp_audit_implementations, read by scripts/gate_selection.py; here the Keras path's four
 # variants).
@@ -27,7 +28,7 @@ for arg in "$@"; do
   esac
 done
 jax_tests=()
-for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py tests/test_claim_events.py tests/test_correlated.py; do
+for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py tests/test_claim_events.py tests/test_correlated.py tests/test_dense_mf.py; do
   [ -f "$file" ] && jax_tests+=("$file")
 done
 # The family's audits less the gate's exclusions (a command-line selection replaces the ini's, so it repeats

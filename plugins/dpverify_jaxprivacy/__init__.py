@@ -20,6 +20,11 @@ that under-counts one layer's leaves; only that layer's design audits them.
 fixed-size batches of a shuffled dataset, accounted as Poisson sampling (google-deepmind/jax_privacy#84). At the
 default profiles' q = 1 its one batch is the full batch, the same mechanism as Poisson sampling at q = 1.
 
+``jax-privacy-dense-mf`` trains with a dense ``noise_addition.matrix_factorization_privatizer``, its stddev scaled by
+the library's min-separation sensitivity for the fixed cyclic batches it runs, and claims ``GaussianDpEvent(σ)`` with
+the strategy (:mod:`._matrix_factorization`); its variants and the known issue of a run longer than its noising
+matrix (google-deepmind/jax_privacy PR #338) are there too.
+
 On 1.0.0 (:mod:`._releases`, :mod:`._api`) the core path and its variants run as on 2.0.0 through that release's
 calls; its Keras API has no Poisson sampling in ``fit`` and clips and noises with its ``dp_sgd`` gradient
 computer, so of the Keras paths only ``jax-privacy-keras-fixed-batches`` runs and the others are ``n/a``.
@@ -244,6 +249,8 @@ _FIXED_BATCH_NOTES = (
 
 def implementations() -> list[Implementation]:
     """The entry point ``dpverify_jaxprivacy:implementations``; imports no jax."""
+    from dpverify_jaxprivacy._matrix_factorization import implementations as dense_matrix_factorization
+
     return (
         [
             JaxPrivacy(ImplementationInfo(name="jax-privacy-core", notes=_CORE_NOTES, layers=LAYERS, **_LIBRARY)),
@@ -276,4 +283,5 @@ def implementations() -> list[Implementation]:
         + [_variant("core", step) for step in _BREAKS]
         + [_variant("keras", step) for step in _BREAKS]
         + [_layer_variant(*row) for row in _LAYER_VARIANTS]
+        + dense_matrix_factorization()
     )
