@@ -35,7 +35,6 @@ fewer audits than the main job (which runs every family in one session): the JAX
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -131,21 +130,10 @@ def _formula_implementations(names: list[str]) -> list:
     """Opacus' ghost path with its Linear norm formula on a 3-D input replaced by each of
     ``LINEAR_NORM_FORMULAS`` (those in ``names``, if any), audited on the linear_3d design (the exact one
     expected private)."""
-    from dpverify_opacus import VariantSpec
+    from dpverify_opacus import linear_formula
     from dpverify_opacus.variants import LINEAR_NORM_FORMULAS
 
-    specs = [
-        VariantSpec(name=f"opacus-ghost-linear-{formula}", bug=2, tweak="undercounting_norm",
-                    tweak_args={"layer": "linear_3d", "formula": formula}, breaks=formula, detectability="D2",
-                    notes="benchmarks/layer_designs.py --formulas", layers=("linear_3d",))  # fmt: skip
-        for formula in LINEAR_NORM_FORMULAS
-        if not names or formula in names
-    ]
-    built = [spec.build() for spec in specs]
-    for implementation in built:
-        if implementation.info.breaks == "exact":
-            implementation.info = dataclasses.replace(implementation.info, expected="private", bug=None, detectability=None, breaks=None)
-    return built
+    return [linear_formula(formula) for formula in LINEAR_NORM_FORMULAS if not names or formula in names]
 
 
 def _chosen_layer(layer: str | None, args) -> bool:
