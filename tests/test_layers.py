@@ -580,9 +580,9 @@ def test_each_layer_design_refutes_the_variant_that_undercounts_its_layer(varian
     regime, conv), 3.9× (linear, positions as rows) and 5.4× (linear, Opacus 1.5.3's formula) the claimed signal,
     those of the ramp regime 3.4× (4.2×) (benchmarks/results/layer-formulas.md and layer-designs.md: refuted on 5 of
     5 seeds at the quick profile). Here with half the quick profile's canaries (2000 in 4 runs), where such a signal
-    refutes the claim at 95 % (a numpy model of the linear design's scores through the audit's own curve test: 20 of
-    20 seeds for either linear formula; a quarter, 15 of 20); a miss at seed 0 means the design no longer sees its
-    layer. ρ, the members' mean separation in units of the spread, is about 1.75 where the heavy
+    refutes the claim at 95 % (benchmarks/layer_formula_sim.py, a numpy model of the linear design's scores through the
+    audit's own curve test: 20 of 20 seeds for either linear formula, results/layer-formula-sim.md); a miss at seed 0
+    means the design no longer sees its layer. ρ, the members' mean separation in units of the spread, is about 1.75 where the heavy
     regime's records are clipped right: their scores, 4 times as spread, weigh 4× in the spread and 1× in the signal."""
     from dpverify.audits import run_audit
     from dpverify.registry import get_implementation
