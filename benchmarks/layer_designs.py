@@ -6,6 +6,7 @@ variant whose per-layer norm formula undercounts its layer, at the per-audit con
     KERAS_BACKEND=jax .venvs/jax/bin/python benchmarks/layer_designs.py --seeds 5 --planned 54 --output layer-designs-jax.md
     python benchmarks/layer_designs.py --timing --seeds 3 --output layer-designs-speed.md
     python benchmarks/layer_designs.py --formulas --seeds 5 --output layer-formulas.md
+    python benchmarks/layer_designs.py --formulas root first_position --seeds 2 --output /tmp/some.md
 
 Writes ``benchmarks/results/layer-designs.md``: per implementation and layer design, the violations in the
 seeds, the (ε, δ) test's and the curve test's ε_L (min – max), the signal fraction ρ and the smallest noise
@@ -21,8 +22,8 @@ writes each audit's median seconds and its ratio to the same implementation's de
 machine the ratio is the number that carries over.
 
 ``--formulas`` audits, on the ``linear_3d`` design, Opacus' ghost clipping with its Linear norm sampler's 3-D
-formula replaced by each of ``dpverify_opacus.variants.LINEAR_NORM_FORMULAS`` (the exact one, expected private,
-and the wrong ones, shipped or not, expected refuted), and adds each audit's curve-test p-value (max) and the
+formula replaced by each of ``dpverify_opacus.variants.LINEAR_NORM_FORMULAS`` or those it names (the exact one,
+expected private, and the wrong ones, shipped or not, expected refuted), and adds each audit's curve-test p-value (max) and the
 share of its canaries whose stated norm is too small (the design's regimes where the formula undercounts).
 
 ``--layers`` runs those layer designs only (and, outside ``--timing``, no default audit); ``--append`` adds
@@ -34,7 +35,6 @@ fewer audits than the main job (which runs every family in one session): the JAX
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--layers", nargs="*", choices=LAYERS, help="layer designs (default: every one)")
     parser.add_argument("--append", action="store_true", help="add a dated section to the output file")
     parser.add_argument("--planned", type=int, help="counted audits of the main job (default: those planned here)")
-    parser.add_argument("--formulas", action="store_true", help="audit each Linear norm formula on the linear_3d design")
+    parser.add_argument("--formulas", nargs="*", help="audit each Linear norm formula (or those named) on the linear_3d design")
     args = parser.parse_args()
     try:
         import torch
@@ -94,8 +94,8 @@ def main() -> None:
         _timing(args, chosen, confidence)
         return
     rows = [(i, a) for i in chosen for a in gate_audits([i.info], worlds="none") if _chosen_layer(a.layer, args)]
-    if args.formulas:
-        rows = [(i, a) for i in _formula_implementations() for a in gate_audits([i.info], worlds="none") if a.layer]
+    if args.formulas is not None:
+        rows = [(i, a) for i in _formula_implementations(args.formulas) for a in gate_audits([i.info], worlds="none") if a.layer]
         lines[-2] = lines[-2].replace(" s/audit (median) |", " curve p (max) | s/audit (median) |")
         lines[-1] += "---|"
     elif not args.layers:
@@ -118,7 +118,7 @@ def main() -> None:
             verdict_cells(info, audit.layer or "none (default one-run audit)", results)
             + f"{_range([r.curve_epsilon_lower_bound or 0.0 for r in results])} | {rho:.2f} | "
             f"{f'{np.median(deficits):.2f}' if deficits else 'not stated'} | "
-            + (f"{max(r.curve_p_value for r in results):.2g} | " if args.formulas else "")
+            + (f"{max(r.curve_p_value for r in results):.2g} | " if args.formulas is not None else "")
             + f"{np.median(seconds):.1f} |"
         )
         print(row, flush=True)
@@ -126,22 +126,14 @@ def main() -> None:
     _write_section(args, lines)
 
 
-def _formula_implementations() -> list:
+def _formula_implementations(names: list[str]) -> list:
     """Opacus' ghost path with its Linear norm formula on a 3-D input replaced by each of
-    ``LINEAR_NORM_FORMULAS``, audited on the linear_3d design (the exact one expected private)."""
-    from dpverify_opacus import VariantSpec
+    ``LINEAR_NORM_FORMULAS`` (those in ``names``, if any), audited on the linear_3d design (the exact one
+    expected private)."""
+    from dpverify_opacus import linear_formula
     from dpverify_opacus.variants import LINEAR_NORM_FORMULAS
 
-    specs = [
-        VariantSpec(name=f"opacus-ghost-linear-{formula}", bug=2, tweak="undercounting_norm",
-                    tweak_args={"layer": "linear_3d", "formula": formula}, breaks=formula, detectability="D2",
-                    notes="benchmarks/layer_designs.py --formulas", layers=("linear_3d",))  # fmt: skip
-        for formula in LINEAR_NORM_FORMULAS
-    ]
-    built = [spec.build() for spec in specs]
-    exact = built[0]
-    exact.info = dataclasses.replace(exact.info, expected="private", bug=None, detectability=None, breaks=None)
-    return built
+    return [linear_formula(formula) for formula in LINEAR_NORM_FORMULAS if not names or formula in names]
 
 
 def _chosen_layer(layer: str | None, args) -> bool:

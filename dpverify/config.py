@@ -427,7 +427,7 @@ LAYER_CANARY_MODES = {"embedding": "dirac", "linear_3d": "owned_labels", "layer_
 #: What the default gate designates in each layer design at the quick profile: the Dirac quick profile's
 #: training (q = 1, 10 steps, clipping 0.5, lr 2, target ε 2) on T positions pooled by each record's position
 #: regime (:func:`~dpverify.contract.position_weights`: half the records T positions of 1/√(2T), a quarter one
-#: position of √(T/2), a quarter an unequal ramp), so that a formula that takes the positions as separate rows
+#: heavy position of 4√(T/2), a quarter an unequal ramp), so that a formula that takes the positions as separate rows
 #: clips the small regime's records 4 times too weakly for the embedding (T = 16) and 3.9 times for the linear
 #: layer's bias (T = 16, an input of 1/16, whose weight's share of the norm the bias formula does not touch),
 #: and Opacus 1.5.0–1.5.3's squared bias formula 5.4 times (tests/test_layers.py). ``embedding``: 4 runs of

@@ -103,36 +103,44 @@ LAYERS: tuple[str, ...] = ("embedding", "linear_3d", "layer_norm", "conv")
 #: The width of the ``conv`` design's kernel (a convolution's common 3): a record's input sequence is
 #: ``positions + CONV_KERNEL_SIZE - 1`` long, so that the convolution has ``positions`` outputs.
 CONV_KERNEL_SIZE = 3
-#: A layer design's position regimes (:func:`position_weights`): name, its length as a function of the design's
-#: T positions, and its weight at position t < length before the row is scaled to sum to √(T/2). ``small``: T
-#: positions of 1/√(2T), so that each position's output gradient has a norm near 1/√(2T) (a formula that squares
-#: its dot products, Opacus 1.5.0–1.5.3's Linear bias, states too little here); ``large``: one position of √(T/2) (a
-#: formula that takes a root too many, or drops each position's product with itself, states too little
-#: here); ``ramp``: T/2 + 1 positions, each twice the one before (unequal positions: a formula that assumes
-#: them equal, T times one position, states too little here at the first step, though the audit has not refuted
-#: it: benchmarks/results/layer-formulas.md). Every row sums to √(T/2), so that a clipped step
-#: moves a canary's logit as much in every regime and the audit's ranking of the scores mixes them evenly.
-#: ``small`` is there twice, so that half the records are in it: the formula bugs the libraries shipped
-#: (Opacus 1.5.0–1.5.3's and TF-Privacy 0.8.12's bias) show there, by 5.4 and 3.9 C (a third of the records
-#: refuted 1.5.3's on 3 of 5 seeds at the main job's confidence, benchmarks/results/layer-formulas.md).
-POSITION_REGIMES: tuple[tuple[str, Callable[[int], int], Callable[[int], float]], ...] = (
-    ("small", lambda positions: positions, lambda t: 1.0),
-    ("large", lambda positions: 1, lambda t: 1.0),
-    ("ramp", lambda positions: positions // 2 + 1, lambda t: 2.0**t),
-    ("small", lambda positions: positions, lambda t: 1.0),
+#: How many times √(T/2) the ``heavy`` regime's one weighted position is (:data:`POSITION_REGIMES`): its record's
+#: gradient norm, and its one position's, is 4 times the others' (11.3 at T = 16), so that a formula whose error grows
+#: with the norm (a root too many states √11.3 = 3.4 times too little there) shows.
+HEAVY_SCALE = 4.0
+#: A layer design's position regimes (:func:`position_weights`): name, its length as a function of the design's T
+#: positions, its weight at position t of its length, and its row's sum in units of √(T/2). ``small``: T positions
+#: of 1/√(2T), each position's output gradient of norm near 1/√(2T), well below 1 (a formula that squares its dot
+#: products, Opacus 1.5.0–1.5.3's Linear bias, states 5.4 times too little here; one that takes the positions as
+#: rows, TF-Privacy 0.8.12's Dense bias, 3.9 times); ``heavy``: a sequence of T/2 + 1 positions whose last one alone
+#: is weighted, by ``HEAVY_SCALE``·√(T/2), so that one position's gradient is well above 1 (a root too many, the dot
+#: products' roots, each position's product with itself dropped, or T times the first position state too little
+#: here); ``ramp``: T unequal positions, 1, 2, …, T (T times the first position states 8.5 times too little here,
+#: the squared dot products 4.2 times). ``small`` is there twice, so that half the records are in it, where the
+#: formula bugs the libraries shipped show. The ``small`` and ``ramp`` rows sum to √(T/2), so that a clipped step
+#: moves their canaries' logits as much; the ``heavy`` row's 4 times more moves its canaries' logits (signal and
+#: noise) 4 times more, which the audit's ranking of a run's scores favours: its last position, not its first,
+#: carries the weight, so that a formula that overcounts it (T times the first position) does not silence the
+#: ranking's ends (benchmarks/results/layer-formulas.md: every formula of the family refuted).
+POSITION_REGIMES: tuple[tuple[str, Callable[[int], int], Callable[[int, int], float], float], ...] = (
+    ("small", lambda positions: positions, lambda t, length: 1.0, 1.0),
+    ("heavy", lambda positions: positions // 2 + 1, lambda t, length: float(t == length - 1), HEAVY_SCALE),
+    ("ramp", lambda positions: positions, lambda t, length: t + 1.0, 1.0),
+    ("small", lambda positions: positions, lambda t, length: 1.0, 1.0),
 )
 
 
 def position_weights(positions: int) -> np.ndarray:
     """The (R, ``positions``) float32 weights of a layer design's position regimes (:data:`POSITION_REGIMES`):
     row r weighs each position's outputs in the logits of a record in regime r, zero past the regime's length
-    (a shorter sequence, its padding masked out of the pooling), and sums to √T. A record's regime is its
-    largest feature's index modulo R (:func:`position_regime`)."""
+    (a shorter sequence, its padding masked out of the pooling), and sums to its scale times √(T/2). A record's
+    regime is its largest feature's index modulo R (:func:`position_regime`)."""
     check_int("positions", positions, low=1)
     weights = np.zeros((len(POSITION_REGIMES), positions), dtype=np.float64)
-    for row, (_, length_of, weight) in zip(weights, POSITION_REGIMES):
-        row[: length_of(positions)] = [weight(t) for t in range(length_of(positions))]
-    return (weights * (math.sqrt(positions / 2) / weights.sum(axis=1, keepdims=True))).astype(np.float32)
+    scales = np.array([scale for *_, scale in POSITION_REGIMES])
+    for row, (_, length_of, weight, _) in zip(weights, POSITION_REGIMES):
+        length = length_of(positions)
+        row[:length] = [weight(t, length) for t in range(length)]
+    return (weights * (scales[:, None] * math.sqrt(positions / 2) / weights.sum(axis=1, keepdims=True))).astype(np.float32)
 
 
 def position_regime(features: np.ndarray) -> np.ndarray:
@@ -150,7 +158,7 @@ class LayerArchitecture:
     maps each position to C outputs, and the logits are the outputs weighted by the record's position regime
     and summed over the positions (:func:`position_weights`: a weighted pooling, zero weights masking the
     positions past the regime's length), so that the records' per-position output gradients span the regimes
-    a norm formula meets: norms well below 1 and well above 1, unequal positions, three sequence lengths:
+    a norm formula meets: norms well below 1 and well above 1, unequal positions, two sequence lengths (T and T/2 + 1):
 
     - ``embedding``: the position's token is x's largest coordinate (Dirac features: canary j is token j);
       ``Embedding(d, C)``. Canary j alone moves row j, by its regime's pooled weights times one position's gradient.

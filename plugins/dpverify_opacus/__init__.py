@@ -45,6 +45,7 @@ __all__ = [
     "shuffled_batches_implementation",
     "implementations",
     "language_implementations",
+    "linear_formula",
     "noise_scaled",
     "variant",
 ]
@@ -549,6 +550,30 @@ def noise_scaled(k: float, *, grad_sample_mode: str = "ghost", task: str = "clas
     )
     kind = OpacusLanguageImplementation if task == "language" else OpacusImplementation
     return kind(info, grad_sample_mode=grad_sample_mode, tweak="scaled_noise", tweak_args={"scale": 1.0 / k})
+
+
+def linear_formula(formula: str) -> OpacusImplementation:
+    """Opacus' ghost clipping with its Linear norm sampler's 3-D formula replaced by ``formula`` of
+    :data:`~dpverify_opacus.variants.LINEAR_NORM_FORMULAS`, audited on the ``linear_3d`` design: private for
+    ``exact``, a violation (class 2) for each wrong one.
+
+    Not registered; for the benchmark and the test of the wrong-formula family (benchmarks/layer_designs.py
+    --formulas)."""
+    from dpverify_opacus.variants import LINEAR_NORM_FORMULAS
+
+    if formula not in LINEAR_NORM_FORMULAS:
+        raise ValueError(f"formula must be one of {', '.join(LINEAR_NORM_FORMULAS)}, got {formula!r}")
+    wrong = formula != "exact"
+    info = _info(
+        f"opacus-ghost-linear-{formula}",
+        expected="violation" if wrong else "private",
+        breaks=formula if wrong else None,
+        bug=2 if wrong else None,
+        detectability="D2" if wrong else None,
+        notes="benchmark variant: the linear_3d norm sampler's formula replaced",
+        layers=("linear_3d",),
+    )
+    return OpacusImplementation(info, grad_sample_mode="ghost", tweak="undercounting_norm", tweak_args={"layer": "linear_3d", "formula": formula})
 
 
 def implementations() -> list[Implementation]:
