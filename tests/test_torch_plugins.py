@@ -352,14 +352,19 @@ def test_empty_batch_is_a_noise_only_step(mode):
 def test_variant_catalogue():
     variants = [impl for impl in dpverify_opacus.implementations() if impl.info.expected == "violation"]
     classification = [impl for impl in variants if impl.info.task == "classification"]
-    # Row 9 is no variant: Opacus' own poisson_sampling=False is that bug, registered as a known issue.
-    assert sorted(set(impl.info.bug for impl in classification)) == [row for row in range(1, 13) if row != 9]
+    # Row 9 is no variant: Opacus' own poisson_sampling=False is that bug, registered as a known issue. Rows 13
+    # and 16 are opacus-dpcr's binary tree (its noise unscaled for the tree's nodes, a tree that never restarts).
+    assert sorted(set(impl.info.bug for impl in classification)) == [row for row in range(1, 13) if row != 9] + [13, 16]
     shuffled = next(impl for impl in dpverify_opacus.implementations() if impl.info.name == "opacus-shuffled-batches")
     assert shuffled.info.expected == "known-issue" and shuffled.info.bug == 9
     for impl in variants:
         info = impl.info
         assert info.breaks and info.detectability in ("D1", "D2", "D3", "D4") and info.notes
-        assert info.library == "opacus" and info.requires == ("torch", "opacus") and info.extra == "opacus"
+        if info.library == "opacus-dpcr":
+            assert info.extra == "opacus-dpcr" and {"opacus", "opacus_dpcr", "dpcrpy"} <= set(info.requires)
+            assert info.correlated_noise and info.bug in (13, 16)
+        else:
+            assert info.library == "opacus" and info.requires == ("torch", "opacus") and info.extra == "opacus"
     with pytest.raises(KeyError, match="known"):
         dpverify_opacus.variant("opacus-nothing")
 

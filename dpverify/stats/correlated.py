@@ -152,6 +152,31 @@ class NoiseStructure:
         return cls(strategy=np.tril(np.linalg.inv(cholesky)))
 
 
+    @classmethod
+    def binary_tree(cls, *, steps: int, tree_steps: int) -> "NoiseStructure":
+        r"""The binary mechanism of continual release (Chan, Shi and Song, 2011) as opacus-dpcr runs it:
+        dpcrpy's ``BinMech(k)`` over blocks of ``tree_steps`` = 2^k steps, restarted after each block by
+        ``dpCrFw`` (the next block's prefix sums start from the last one released, with fresh noise).
+
+        Node t of a block (1-indexed) sums the steps (t − lowbit(t), t] plus fresh noise; the released prefix
+        sum up to t is the sum of the nodes of t's binary decomposition, and the updates are its
+        differences. The nodes are A·x + τZ with A the 0/1 node matrix, A[t, s] = 1 for s in
+        (t − lowbit(t), t], and the prefix sums a linear bijection of them, so the updates are
+        y = A⁻¹(Ax + τZ) = x + τA⁻¹Z: C = A exactly (lower-triangular, unit diagonal), one block per tree,
+        the last one cut to its first rows (a tree's first t nodes are complete after its t-th step).
+        A record in every step of a tree touches node t lowbit(t) times: ‖C·1‖² = Σ_t lowbit(t)² per
+        tree, against the k + 1 nodes of a record in one step that the tree's noise is scaled for."""
+        steps = check_int("steps", steps, low=1)
+        tree_steps = check_int("tree_steps", tree_steps, low=1)
+        if tree_steps & (tree_steps - 1):
+            raise ValueError(f"tree_steps must be a power of 2 (BinMech(k) spans 2^k steps), got {tree_steps}")
+        local = np.arange(steps) % tree_steps + 1  # each step's position in its tree, from 1
+        lowbit = local & -local
+        t, s = np.arange(steps)[:, None], np.arange(steps)[None, :]
+        same_tree = t // tree_steps == s // tree_steps
+        return cls(strategy=(same_tree & (s <= t) & (s > t - lowbit[:, None])).astype(np.float64))
+
+
 def optimal_max_error_coefficients(bands: int) -> np.ndarray:
     """The leading ``bands`` coefficients of the Toeplitz square root of the prefix sum (Fichtenberger,
     Henzinger and Upadhyay; JAX-Privacy's ``toeplitz.optimal_max_error_strategy_coefs``), a decaying strategy

@@ -36,12 +36,14 @@ from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, 
 
 __all__ = [
     "OpacusDataLoaderImplementation",
+    "OpacusDpcrImplementation",
     "OpacusImplementation",
     "OpacusLanguageImplementation",
     "VariantSpec",
     "VARIANTS",
     "LANGUAGE_VARIANTS",
     "dataloader_implementation",
+    "dpcr_implementations",
     "shuffled_batches_implementation",
     "implementations",
     "language_implementations",
@@ -192,6 +194,93 @@ def language_implementations() -> list[OpacusLanguageImplementation]:
         ),
         *(spec.build() for spec in LANGUAGE_VARIANTS),
     ]
+
+
+#: Where opacus-dpcr 1.0.0 accounts (no upstream report of the finding was found): DPCREngine.make_private hands
+#: Opacus' DP-SGD accountant hook σ and q for every step, whatever the DPCR mechanism.
+OPACUS_DPCR_ACCOUNTING = "https://github.com/imcjp/Opacus-DPCR/blob/main/opacus_dpcr/dpcr_engine.py"
+
+
+class OpacusDpcrImplementation(Implementation):
+    """opacus-dpcr's ``DPCREngine`` with the binary tree (:mod:`dpverify_opacus._dpcr`): its accountant's claim
+    or the tree's exact mechanism (``claim``), with an optional change of its code path (``tweak``)."""
+
+    def __init__(self, info: ImplementationInfo, *, claim: str = "accountant", tweak: str | None = None):
+        self.info, self.claim, self.tweak = info, claim, tweak
+
+    def train(self, request: TrainingRequest) -> TrainedModel:
+        from dpverify_opacus._dpcr import train_dpcr
+
+        return train_dpcr(request, name=self.info.name, claim=self.claim, tweak=self.tweak)
+
+
+def _dpcr_info(name: str, **fields: Any) -> ImplementationInfo:
+    return ImplementationInfo(
+        name=name, library="opacus-dpcr", requires=(*_REQUIRES, "opacus_dpcr", "dpcrpy", "dp_accounting"),
+        extra="opacus-dpcr", correlated_noise=True, **fields,
+    )  # fmt: skip
+
+
+def dpcr_implementations() -> list[OpacusDpcrImplementation]:
+    """opacus-dpcr as it ships (its accountant's claim: a known issue), its tree claimed as the mechanism it is,
+    and that path's variants."""
+    return [
+        OpacusDpcrImplementation(
+            _dpcr_info(
+                "opacus-dpcr",
+                expected="known-issue",
+                issue=OPACUS_DPCR_ACCOUNTING,
+                bug=13,
+                notes="DPCREngine(dpcrGenerator=BinMech(4)) claiming its accountant's ε: Opacus' RDP of σ at every "
+                "step, while the tree's noise σ·√(k+1) is scaled for a record in one step of each 16-step tree; "
+                "a record in every step moves node t by lowbit(t) (‖C·1‖²/(k+1) = 75.2 per tree against the 16 "
+                "accounted: μ 2.17 times the claim), and the full-batch every-update audit refutes the claim "
+                "(benchmarks/results/opacus-dpcr.md). Not reported upstream (no report found)",
+            ),
+            claim="accountant",
+        ),
+        OpacusDpcrImplementation(
+            _dpcr_info(
+                "opacus-dpcr-tree",
+                notes="DPCREngine(dpcrGenerator=BinMech(4)) claiming the tree's exact Gaussian mechanism for a "
+                "record in every step, GaussianDpEvent(σ·√(k+1)/‖C·1‖): the library's noise, our accounting",
+            ),
+            claim="mechanism",
+        ),
+        *(
+            OpacusDpcrImplementation(
+                _dpcr_info(name, expected="violation", bug=bug, breaks=breaks, detectability=detectability, notes=notes),
+                claim="mechanism",
+                tweak=tweak,
+            )
+            for name, bug, tweak, detectability, breaks, notes in DPCR_VARIANTS
+        ),
+    ]
+
+
+#: opacus-dpcr-tree's variants: (name, docs/bugs.md class, tweak of :mod:`dpverify_opacus._dpcr`, detectability,
+#: the rule it breaks, how).
+DPCR_VARIANTS: tuple[tuple[str, int, str, str, str, str], ...] = (
+    (
+        "opacus-dpcr-unscaled-noise",
+        13,
+        "unscaled_noise",
+        "D2",
+        "each tree node's noise must be σ·C times the tree's sensitivity √(k+1); here it is σ·C",
+        "TensorGaussNoiMech.setSens keeps sensitivity 1 when BinMech sets √(k+1): the nodes' noise √5 = 2.24 "
+        "times too small",
+    ),
+    (
+        "opacus-dpcr-unrestarted-tree",
+        16,
+        "unrestarted_tree",
+        "D3",
+        "the tree must restart every 2^k steps, as its noise and its claim count; here one deeper tree spans the run",
+        "the generator's BinMech spans every step of the run, its noise still scaled for BinMech(4)'s 5 nodes: at "
+        "the gate's 32 steps its μ is 1.42 times the claim, 1.23 through the claimed trees' whitening (D3: "
+        "benchmarks/results/opacus-dpcr.md)",
+    ),
+)
 
 
 def _info(name: str, **fields: Any) -> ImplementationInfo:
@@ -585,4 +674,5 @@ def implementations() -> list[Implementation]:
         shuffled_batches_implementation(),
         *(spec.build() for spec in VARIANTS),
         *language_implementations(),
+        *dpcr_implementations(),
     ]
