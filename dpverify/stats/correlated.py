@@ -54,6 +54,8 @@ from dpverify.stats.scoring import subsampled_gaussian_log_likelihood_ratio
 __all__ = [
     "NoiseStructure",
     "bandmf_claimed_mu",
+    "bandwidth",
+    "cyclic_log_likelihood_ratio",
     "canary_mu",
     "decorrelated_log_likelihood_ratio",
     "estimated_structure",
@@ -230,6 +232,12 @@ def _indicator(steps: int, participation) -> np.ndarray:
     return u
 
 
+def bandwidth(structure: NoiseStructure) -> int:
+    """b: one more than the largest lag i − j with C[i, j] ≠ 0 (1 for a diagonal C, BandMF's ``num_bands``)."""
+    rows, columns = np.nonzero(structure.strategy)
+    return int(np.max(rows - columns)) + 1
+
+
 def min_separation_sensitivity(
     structure: NoiseStructure, *, min_separation: int, max_participations: int | None = None
 ) -> float:
@@ -357,6 +365,34 @@ def decorrelated_log_likelihood_ratio(
     along = np.sum(back * g, axis=2)
     projection = np.divide(along, signal, out=np.zeros_like(along), where=signal > 0)
     return subsampled_gaussian_log_likelihood_ratio(signal, projection, noise_multiplier=tau, sampling_rate=q)
+
+
+def cyclic_log_likelihood_ratio(
+    released, gradients, *, structure: NoiseStructure, noise_stddev: float, cycle: int, sampling_rate: float = 1.0
+) -> np.ndarray:
+    r"""Each canary's log-likelihood ratio when a member takes part only in the steps of one of ``cycle``
+    phases (t ≡ j mod ``cycle``), j uniform and independent per record and unseen by the auditor: JAX-Privacy's
+    cyclic Poisson sampling, ``partition_type=INDEPENDENT``.
+
+    Given the phase, the member's likelihood ratio Λ_j is :func:`decorrelated_log_likelihood_ratio` of its
+    gradients at that phase's steps only; the phase unseen, the ratio is the mixture
+    log((1/b) Σ_j exp Λ_j) (logsumexp, b = ``cycle``), the Neyman–Pearson score of the run as it is. The claim
+    (``amplified_bandmf_event``) bounds an adversary who knows the phase, so this score stays below it even
+    for a correct run: the share it reaches is the perfect attacker's ceiling, not a defect."""
+    cycle = check_int("cycle", cycle, low=1, high=structure.steps)
+    y, g = _checked_pair(released, gradients, structure.steps)
+    phases = np.arange(structure.steps) % cycle
+    ratios = np.stack(
+        [
+            decorrelated_log_likelihood_ratio(
+                y, np.where((phases == j)[None, :, None], g, 0.0), structure=structure, noise_stddev=noise_stddev,
+                sampling_rate=sampling_rate,
+            )
+            for j in range(cycle)
+        ]
+    )
+    top = ratios.max(axis=0)
+    return top + np.log(np.mean(np.exp(ratios - top), axis=0))
 
 
 def estimated_structure(untouched) -> NoiseStructure:
