@@ -163,19 +163,22 @@ def correlated_release(claim: Any) -> CorrelatedRelease:
     The event must be n self-composed Gaussians of σ, Poisson-sampled at rate q or not, over the T steps of
     its structure C (b bands: the largest lag with a non-zero entry, plus one), read as one of:
 
-    - n = T, q = 1 (a full batch: every record in every step): one Gaussian mechanism of μ = √n/σ on the
+    - n = ⌈T/b⌉ with b > 1 (BandMF's cyclic Poisson: ``amplified_bandmf_event``), any q: see below.
+    - any other n at q = 1 (a full batch: every record in every step): one Gaussian mechanism of μ = √n/σ on the
       whitened updates Cy = CG + τZ, of sensitivity Δ₁ = the largest ‖CG‖_F over one record's gradients of
       norm at most 1 at every step (:func:`~dpverify.stats.correlated.min_separation_sensitivity` at
       separation 1, ‖C·1‖ when CᵀC ≥ 0 entrywise); τ = σΔ₁/√n.
-    - n = ⌈T/b⌉ (BandMF's cyclic Poisson: ``amplified_bandmf_event``), any q: a record in one of b phases,
-      at most n participations b or more steps apart, whose columns of C are orthogonal; Δ_b =
-      :func:`~dpverify.stats.correlated.min_separation_sensitivity` at separation b (‖coef‖√n for BandMF's
-      Toeplitz C) and τ = σΔ_b/√n. Each participation's whitened part is then an independent Gaussian of
-      noise τ, so q < 1 is the event's Poisson-subsampled Gaussian exactly.
+    - cyclic (n = ⌈T/b⌉, b > 1): a record in one of b phases,
+      at most n participations b or more steps apart, whose columns of C are orthogonal. The event's σ is
+      for a strategy of largest column norm 1 (its docstring), so τ = σ·max_i ‖Ce_i‖ (σ·‖coef‖ for BandMF's
+      Toeplitz C, the plan's stddev). Each participation's whitened part is then an independent Gaussian of
+      signal at most 1/σ, so q < 1 is the event's Poisson-subsampled Gaussian exactly.
     - n = T with b = 1 (independent noise, C diagonal), any q: DP-SGD's, τ = σΔ₁/√n.
 
     Any other event is a ``ValueError`` with the reason: a sampled event at every step of a banded strategy
-    (its steps' whitened parts overlap), or n fitting neither participation."""
+    (its steps' whitened parts overlap), or n fitting neither participation. A full-batch claim that happens
+    to compose ⌈T/b⌉ Gaussians is read as cyclic: the score is still fixed by the claim, so the audit keeps
+    its level; only its power is the cyclic reading's."""
     from dpverify.stats.correlated import bandwidth, min_separation_sensitivity
 
     sigma, rate, compositions = _dpsgd(claim.dp_event)
@@ -183,20 +186,23 @@ def correlated_release(claim: Any) -> CorrelatedRelease:
         raise ValueError(f"the claimed event adds no noise (noise multiplier {sigma:g}): nothing to decorrelate")
     structure = claim.noise_structure
     steps, bands = structure.steps, bandwidth(structure)
-    if compositions == steps and (rate == 1 or bands == 1):
-        cycle = 1
-    elif compositions == -(-steps // bands) and bands > 1:
+    if bands > 1 and compositions == -(-steps // bands):
         cycle = bands
+    elif rate == 1 or (bands == 1 and compositions == steps):
+        cycle = 1
     else:
         raise ValueError(
-            "correlated noise is scored for a full-batch Gaussian event (GaussianDpEvent(σ), self-composed once per "
-            f"step, every record in every step) or for cyclic participation every b = {bands} steps (the strategy's "
+            "correlated noise is scored for a full-batch Gaussian event (GaussianDpEvent(σ), self-composed or not; "
+            f"every record in every step) or for cyclic participation every b = {bands} steps (the strategy's "
             f"bands: BandMF's amplified event composes ⌈T/b⌉ = {-(-steps // bands)} Gaussians, Poisson-sampled or "
             f"not); the claim's {steps}-step structure has {bands} bands and its event composes {compositions} "
             f"Gaussians at sampling rate {rate:g}: {claim.dp_event!r}"
         )
-    reach = min_separation_sensitivity(structure, min_separation=cycle, max_participations=compositions)
-    return CorrelatedRelease(structure=structure, noise_stddev=sigma * reach / math.sqrt(compositions), cycle=cycle, sampling_rate=rate)
+    if cycle == 1:
+        tau = sigma * min_separation_sensitivity(structure, min_separation=1) / math.sqrt(compositions)
+    else:  # each participation a Gaussian of σ for the largest column norm (the event's unit)
+        tau = sigma * float(np.linalg.norm(structure.strategy, axis=0).max())
+    return CorrelatedRelease(structure=structure, noise_stddev=tau, cycle=cycle, sampling_rate=rate)
 
 
 def correlated_noise(claim: Any) -> tuple[Any, float]:
