@@ -222,19 +222,19 @@ _NOTES = (
     "traced step are built once per configuration and process; each run keys the privatizer with its seed."
 )
 
-#: Each variant: (fault, docs/bugs.md class, what it breaks, how).
+#: Each variant: (fault, docs/bugs.md class, detectability, what it breaks, how).
 _VARIANTS = (
-    ("one_participation", 13,
+    ("one_participation", 13, "D1",
      "The correlated noise must be σ times the strategy's sensitivity for the participations that happen "
      "(the event composes ⌈T/b⌉ of them, each of σ·‖coef‖); it is √⌈T/b⌉ times less, a calibration for one "
      "participation (jax_privacy PR #238's class).",
      "matrix_factorization_privatizer is given stddev σ·‖coef‖/√⌈T/b⌉ while the plan is built."),
-    ("poisson_everywhere", 14,
+    ("poisson_everywhere", 14, "D2",
      "Each record must take part only in its group's steps, every b-th step (cyclic Poisson, what the event "
      "accounts); the batches are Poisson-sampled over every record at every step, so records take part b times "
      "as often, at steps whose strategy columns overlap.",
      "The plan's CyclicPoissonSampling is replaced by the same sampler with cycle_length=1."),
-    ("unbanded_noise", 15,
+    ("unbanded_noise", 15, "D3",
      "The noise must be correlated by the inverse of the strategy the claim and the stddev are computed for "
      "(b bands); it is the inverse of the unbanded strategy (the same coefficients cut at T), the noise stream "
      "and the accounting drifting apart.",
@@ -281,10 +281,10 @@ def bandmf_implementations() -> list[Implementation]:
         BandMF(
             ImplementationInfo(
                 name=f"jax-privacy-bandmf-{fault.replace('_', '-')}", expected="violation", breaks=breaks, bug=bug,
-                detectability="D1", notes=f"{how} The claim is the correct plan's. {_NOTES}", **_LIBRARY,
+                detectability=detectability, notes=f"{how} The claim is the correct plan's. {_NOTES}", **_LIBRARY,
             ),
             fault,
         )
-        for fault, bug, breaks, how in _VARIANTS
+        for fault, bug, detectability, breaks, how in _VARIANTS
     ]
     return [BandMF(ImplementationInfo(name="jax-privacy-bandmf", notes=_NOTES, **_LIBRARY))] + variants
