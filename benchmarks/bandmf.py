@@ -46,12 +46,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--reports", type=Path, default=Path("/tmp/bandmf-reports"))
+    parser.add_argument("--read-only", action="store_true", help="tabulate the reports there, run nothing")
     args = parser.parse_args()
     args.reports.mkdir(parents=True, exist_ok=True)
     print("| implementation | audit | seed | expected | verdict | claimed ε | curve ε_L | curve p | ρ | CPU s (both audits) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in NAMES:
         for seed in args.seeds:
+            if args.read_only and not (args.reports / f"{name}-{seed}.json").exists():
+                continue
             data, cpu = report(name, seed, args.reports)
             for audit in data["audits"]:
                 if audit["design"] == "two_world":
