@@ -1,5 +1,5 @@
-"""Amplified banded matrix factorization (BandMF) on JAX-Privacy 2.0.0's execution plan (imports jax and
-jax_privacy).
+"""Amplified banded matrix factorization (BandMF) on JAX-Privacy 2.0.0's execution plan. jax and jax_privacy
+are imported when a plan is built or a run trains, so listing the implementations imports neither.
 
 ``BandMFExecutionPlanConfig`` ("our primary entry point") builds the whole mechanism: its plan's
 ``batch_selection_strategy`` (``CyclicPoissonSampling``: the records split into b = ``num_bands`` groups, step t
@@ -42,7 +42,7 @@ __all__ = ["BANDS", "PLAN_FAULTS", "BandMF", "Plan", "bandmf_implementations", "
 #: The strategy's bands b (and the cyclic batch selection's cycle): a record takes part every b-th step.
 BANDS = 2
 
-#: How each variant breaks the plan (docs/bugs.md classes 13–15), each while the plan is built:
+#: How each variant breaks the plan (docs/bugs.md classes 13–15), each in one of its library calls:
 #: ``one_participation``: the privatizer's stddev is divided by √⌈T/b⌉, the noise of a calibration for one
 #: participation while every record takes part ⌈T/b⌉ times (class 13); ``poisson_everywhere``: the batches are
 #: Poisson-sampled over every record at each step (``cycle_length=1``) where the event accounts cyclic Poisson
