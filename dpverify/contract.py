@@ -435,8 +435,9 @@ class PrivacyClaim:
     correlated across the steps: a :class:`~dpverify.stats.correlated.NoiseStructure` C whose inverse
     correlates the released updates' noise, y = G + τC⁻¹Z. Its event is the Gaussian mechanism of the
     whitened updates Cy (sensitivity Δ = ‖C·1‖, a record in every step of a full batch), e.g.
-    ``GaussianDpEvent(σ)`` with τ = σΔ; the every-update audit decorrelates the updates by the stated C
-    (:func:`~dpverify.stats.events.correlated_noise`) and tests the event's curve.
+    ``GaussianDpEvent(σ)`` with τ = σΔ; or BandMF's amplified event, ⌈T/b⌉ Poisson-sampled Gaussians for
+    cyclic participation every b steps (b the strategy's bands); the every-update audit decorrelates the
+    updates by the stated C (:func:`~dpverify.stats.events.correlated_release`) and tests the event's curve.
     """
 
     epsilon: float

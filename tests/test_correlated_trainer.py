@@ -141,8 +141,9 @@ def test_tau_is_the_events_sigma_times_the_every_step_sensitivity():
 
 @pytest.mark.slow
 def test_an_amplified_event_with_a_structure_is_undecided_with_the_reason_never_a_pass():
-    """The every-update score reads correlated noise for full-batch Gaussian events only; a Poisson-sampled one
-    is not tested there (the participation it was accounted for is not stated)."""
+    """The every-update score reads correlated noise for full-batch Gaussian events and BandMF's cyclic
+    participation (⌈T/b⌉ Gaussians) only; one Poisson-sampled Gaussian over a 2-band structure of 4 steps is
+    neither, so it is not tested there (the participation it was accounted for is not stated)."""
     trainer = bandmf()
     train = trainer.train
 

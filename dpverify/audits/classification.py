@@ -205,22 +205,28 @@ def every_update_scores(updates: DiracUpdates, trained: TrainedModel, *, feature
 
 
 def _decorrelated_scores(updates: DiracUpdates, trained: TrainedModel) -> np.ndarray:
-    """Each canary's exact log-likelihood ratio μz − μ²/2 from its whole column at every step, whitened by
-    the claim's strategy C with the τ its event states (:func:`~dpverify.stats.events.correlated_noise`).
+    """Each canary's exact log-likelihood ratio from its whole column at every step, whitened by the claim's
+    strategy C with the τ its event states (:func:`~dpverify.stats.events.correlated_release`): μz − μ²/2 for
+    a full batch, the Poisson-subsampled Gaussian's per participation when its event is sampled, mixed over
+    the phases of cyclic participation (:func:`~dpverify.stats.correlated.cyclic_log_likelihood_ratio`).
     The score is fixed by the claim before the run, so a true claim is refuted at most at the test's level
     whatever the noise; noise correlated otherwise than stated changes only what the score reaches. A claim
-    whose event is not full-batch Gaussian is not tested here (:class:`~dpverify.audits.training.ClaimNotTestable`)."""
+    whose event states neither participation is not tested here (:class:`~dpverify.audits.training.ClaimNotTestable`)."""
     from dpverify.stats import correlated
-    from dpverify.stats.events import correlated_noise
+    from dpverify.stats.events import correlated_release
 
     try:
-        structure, tau = correlated_noise(trained.claim)
+        release = correlated_release(trained.claim)
     except ValueError as other:
         raise ClaimNotTestable(f"the every-update score of correlated noise: {other}", device=trained.device) from None
+    structure = release.structure
     if structure.steps != updates.steps:
         raise AuditFailure(
             f"the claim's noise structure spans {structure.steps} steps, but the run took {updates.steps}",
             device=trained.device,
         )
     gradients, released = updates.columns()
-    return correlated.decorrelated_log_likelihood_ratio(released, gradients, structure=structure, noise_stddev=tau)
+    return correlated.cyclic_log_likelihood_ratio(
+        released, gradients, structure=structure, noise_stddev=release.noise_stddev, cycle=release.cycle,
+        sampling_rate=release.sampling_rate,
+    )

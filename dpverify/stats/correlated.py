@@ -54,6 +54,8 @@ from dpverify.stats.scoring import subsampled_gaussian_log_likelihood_ratio
 __all__ = [
     "NoiseStructure",
     "bandmf_claimed_mu",
+    "bandwidth",
+    "cyclic_log_likelihood_ratio",
     "canary_mu",
     "decorrelated_log_likelihood_ratio",
     "estimated_structure",
@@ -255,6 +257,12 @@ def _indicator(steps: int, participation) -> np.ndarray:
     return u
 
 
+def bandwidth(structure: NoiseStructure) -> int:
+    """b: one more than the largest lag i − j with C[i, j] ≠ 0 (1 for a diagonal C, BandMF's ``num_bands``)."""
+    rows, columns = np.nonzero(structure.strategy)
+    return int(np.max(rows - columns)) + 1
+
+
 def min_separation_sensitivity(
     structure: NoiseStructure, *, min_separation: int, max_participations: int | None = None
 ) -> float:
@@ -322,7 +330,7 @@ def _checked_pair(released, gradients, steps: int) -> tuple[np.ndarray, np.ndarr
 
 def _whiten(structure: NoiseStructure, series: np.ndarray) -> np.ndarray:
     """C applied along the steps of (m, T, K) series."""
-    return np.einsum("ts,msk->mtk", structure.strategy, series)
+    return np.einsum("ts,msk->mtk", structure.strategy, series, optimize=True)
 
 
 def canary_mu(gradients, *, structure: NoiseStructure, noise_stddev: float) -> np.ndarray:
@@ -374,14 +382,48 @@ def decorrelated_log_likelihood_ratio(
         z = whitened_statistic(released, gradients, structure=structure, noise_stddev=tau)
         mu = canary_mu(gradients, structure=structure, noise_stddev=tau)
         return mu * z - mu**2 / 2
-    y, g = _checked_pair(released, gradients, structure.steps)
-    c = structure.strategy
-    back = np.einsum("ts,mtk->msk", c, _whiten(structure, y))  # Cᵀ C y, one row per step
-    gradient_norm = np.linalg.norm(g, axis=2)
-    signal = np.linalg.norm(c, axis=0)[None, :] * gradient_norm
-    along = np.sum(back * g, axis=2)
-    projection = np.divide(along, signal, out=np.zeros_like(along), where=signal > 0)
+    signal, projection = _step_projections(*_checked_pair(released, gradients, structure.steps), structure)
     return subsampled_gaussian_log_likelihood_ratio(signal, projection, noise_multiplier=tau, sampling_rate=q)
+
+
+def _step_projections(y: np.ndarray, g: np.ndarray, structure: NoiseStructure) -> tuple[np.ndarray, np.ndarray]:
+    """(c_i, r_i), each (m, T): the steps' signals ‖Ce_i‖‖g_i‖ and whitened projections (see
+    :func:`decorrelated_log_likelihood_ratio`)."""
+    c = structure.strategy
+    back = np.einsum("ts,mtk->msk", c, _whiten(structure, y), optimize=True)  # Cᵀ C y, one row per step
+    signal = np.linalg.norm(c, axis=0)[None, :] * np.linalg.norm(g, axis=2)
+    along = np.sum(back * g, axis=2)
+    return signal, np.divide(along, signal, out=np.zeros_like(along), where=signal > 0)
+
+
+def cyclic_log_likelihood_ratio(
+    released, gradients, *, structure: NoiseStructure, noise_stddev: float, cycle: int, sampling_rate: float = 1.0
+) -> np.ndarray:
+    r"""Each canary's log-likelihood ratio when a member takes part only in the steps of one of ``cycle``
+    phases (t ≡ j mod ``cycle``), j uniform and independent per record and unseen by the auditor: JAX-Privacy's
+    cyclic Poisson sampling, ``partition_type=INDEPENDENT``.
+
+    Given the phase, the member's likelihood ratio Λ_j is :func:`decorrelated_log_likelihood_ratio` of its
+    gradients at that phase's steps only; the phase unseen, the ratio is the mixture
+    log((1/b) Σ_j exp Λ_j) (logsumexp, b = ``cycle``), the Neyman–Pearson score of the run as it is. The claim
+    (``amplified_bandmf_event``) bounds an adversary who knows the phase, so this score stays below it even
+    for a correct run: the share it reaches is the perfect attacker's ceiling, not a defect."""
+    cycle = check_int("cycle", cycle, low=1, high=structure.steps)
+    q = check_real("sampling_rate", sampling_rate, low=0.0, high=1.0, low_open=True)
+    tau = check_real("noise_stddev", noise_stddev, low=0.0, low_open=True)
+    y, g = _checked_pair(released, gradients, structure.steps)
+    at_phase = [(np.arange(structure.steps) % cycle == j)[None, :] for j in range(cycle)]
+    if q < 1:  # the steps' projections do not depend on the phase: whiten once, sum each phase's steps
+        signal, projection = _step_projections(y, g, structure)
+        ratios = np.stack(
+            [subsampled_gaussian_log_likelihood_ratio(signal * mask, projection * mask, noise_multiplier=tau, sampling_rate=q) for mask in at_phase]
+        )
+    else:
+        ratios = np.stack(
+            [decorrelated_log_likelihood_ratio(y, np.where(mask[:, :, None], g, 0.0), structure=structure, noise_stddev=tau) for mask in at_phase]
+        )
+    top = ratios.max(axis=0)
+    return top + np.log(np.mean(np.exp(ratios - top), axis=0))
 
 
 def estimated_structure(untouched) -> NoiseStructure:

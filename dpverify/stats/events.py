@@ -38,7 +38,9 @@ __all__ = [
     "EventRun",
     "UnaccountableEvent",
     "check_dp_event",
+    "CorrelatedRelease",
     "correlated_noise",
+    "correlated_release",
     "dp_event_type",
     "dpsgd_numbers",
     "event_relations",
@@ -142,29 +144,71 @@ def request_numbers(claim: Any) -> tuple[float, float, int]:
     return sigma, rate, claim.noise_structure.steps
 
 
-def correlated_noise(claim: Any) -> tuple[Any, float]:
-    r"""``(C, τ)`` of a claim with a ``noise_structure``: its strategy C and the noise stddev τ (clip norms)
-    its event states, for the every-update score (:func:`~dpverify.stats.correlated.decorrelated_log_likelihood_ratio`).
+@dataclass(frozen=True)
+class CorrelatedRelease:
+    r"""What a claim with a ``noise_structure`` states about its released updates y = G + τC⁻¹Z (clip norms):
+    the strategy C (``structure``), the noise τ (``noise_stddev``), and how a record takes part: in the steps
+    of one of ``cycle`` phases (steps t ≡ j mod ``cycle``, j uniform and independent per record, unseen by the
+    audit), in each independently with probability ``sampling_rate``. ``cycle`` 1: every step."""
 
-    The event must be n self-composed Gaussians of σ without sampling (a full batch: every record in every
-    step): one Gaussian mechanism of μ = √n/σ on the whitened updates Cy = CG + τZ, whose sensitivity is
-    the largest ‖CG‖_F over one record's gradients of norm at most 1 at every step, Δ =
-    :func:`~dpverify.stats.correlated.min_separation_sensitivity` at separation 1 (‖C·1‖ when CᵀC ≥ 0
-    entrywise); so τ = Δ/μ, dp_accounting's σ being the stddev over one record's add/remove sensitivity.
-    Any other event is a ``ValueError``: a sampled (amplified) correlated event needs the participation
-    pattern it was accounted for, which a claim does not state yet."""
-    from dpverify.stats.correlated import min_separation_sensitivity
+    structure: Any
+    noise_stddev: float
+    cycle: int
+    sampling_rate: float
+
+
+def correlated_release(claim: Any) -> CorrelatedRelease:
+    r"""The :class:`CorrelatedRelease` a claim with a ``noise_structure`` states, for the every-update score.
+
+    The event must be n self-composed Gaussians of σ, Poisson-sampled at rate q or not, over the T steps of
+    its structure C (b bands: the largest lag with a non-zero entry, plus one), read as one of:
+
+    - n = ⌈T/b⌉ with b > 1 (BandMF's cyclic Poisson: ``amplified_bandmf_event``), any q: see below.
+    - any other n at q = 1 (a full batch: every record in every step): one Gaussian mechanism of μ = √n/σ on the
+      whitened updates Cy = CG + τZ, of sensitivity Δ₁ = the largest ‖CG‖_F over one record's gradients of
+      norm at most 1 at every step (:func:`~dpverify.stats.correlated.min_separation_sensitivity` at
+      separation 1, ‖C·1‖ when CᵀC ≥ 0 entrywise); τ = σΔ₁/√n.
+    - cyclic (n = ⌈T/b⌉, b > 1): a record in one of b phases,
+      at most n participations b or more steps apart, whose columns of C are orthogonal. The event's σ is
+      for a strategy of largest column norm 1 (its docstring), so τ = σ·max_i ‖Ce_i‖ (σ·‖coef‖ for BandMF's
+      Toeplitz C, the plan's stddev). Each participation's whitened part is then an independent Gaussian of
+      signal at most 1/σ, so q < 1 is the event's Poisson-subsampled Gaussian exactly.
+    - n = T with b = 1 (independent noise, C diagonal), any q: DP-SGD's, τ = σΔ₁/√n.
+
+    Any other event is a ``ValueError`` with the reason: a sampled event at every step of a banded strategy
+    (its steps' whitened parts overlap), or n fitting neither participation. A full-batch claim that happens
+    to compose ⌈T/b⌉ Gaussians is read as cyclic: the score is still fixed by the claim, so the audit keeps
+    its level; only its power is the cyclic reading's."""
+    from dpverify.stats.correlated import bandwidth, min_separation_sensitivity
 
     sigma, rate, compositions = _dpsgd(claim.dp_event)
-    if rate != 1:
-        raise ValueError(
-            "correlated noise is scored for a full-batch Gaussian event (GaussianDpEvent(σ), self-composed or not; "
-            f"every record in every step), got {claim.dp_event!r}"
-        )
     if sigma <= 0:
         raise ValueError(f"the claimed event adds no noise (noise multiplier {sigma:g}): nothing to decorrelate")
     structure = claim.noise_structure
-    return structure, sigma * min_separation_sensitivity(structure, min_separation=1) / math.sqrt(compositions)
+    steps, bands = structure.steps, bandwidth(structure)
+    if bands > 1 and compositions == -(-steps // bands):
+        cycle = bands
+    elif rate == 1 or (bands == 1 and compositions == steps):
+        cycle = 1
+    else:
+        raise ValueError(
+            "correlated noise is scored for a full-batch Gaussian event (GaussianDpEvent(σ), self-composed or not; "
+            f"every record in every step) or for cyclic participation every b = {bands} steps (the strategy's "
+            f"bands: BandMF's amplified event composes ⌈T/b⌉ = {-(-steps // bands)} Gaussians, Poisson-sampled or "
+            f"not); the claim's {steps}-step structure has {bands} bands and its event composes {compositions} "
+            f"Gaussians at sampling rate {rate:g}: {claim.dp_event!r}"
+        )
+    if cycle == 1:
+        tau = sigma * min_separation_sensitivity(structure, min_separation=1) / math.sqrt(compositions)
+    else:  # each participation a Gaussian of σ for the largest column norm (the event's unit)
+        tau = sigma * float(np.linalg.norm(structure.strategy, axis=0).max())
+    return CorrelatedRelease(structure=structure, noise_stddev=tau, cycle=cycle, sampling_rate=rate)
+
+
+def correlated_noise(claim: Any) -> tuple[Any, float]:
+    """``(C, τ)`` of :func:`correlated_release` (its structure and noise stddev)."""
+    release = correlated_release(claim)
+    return release.structure, release.noise_stddev
 
 
 def _installed_version() -> str:

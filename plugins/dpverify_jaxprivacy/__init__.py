@@ -29,12 +29,18 @@ On 1.0.0 (:mod:`._releases`, :mod:`._api`) the core path and its variants run as
 calls; its Keras API has no Poisson sampling in ``fit`` and clips and noises with its ``dp_sgd`` gradient
 computer, so of the Keras paths only ``jax-privacy-keras-fixed-batches`` runs and the others are ``n/a``.
 
+``jax-privacy-bandmf`` trains with JAX-Privacy 2.0.0's primary entry point, ``BandMFExecutionPlanConfig``: its
+plan's cyclic Poisson batches, clipped sum and streaming matrix-factorization noise, its claim the plan's
+``dp_event`` stated with the banded strategy (:mod:`._bandmf`); its variants break the noise's scale, the batch
+selection or the noising matrix (docs/bugs.md classes 13–15). ``n/a`` on 1.0.0.
+
 This module imports neither jax nor jax_privacy: listing implementations works without them.
 """
 
 from __future__ import annotations
 
 from dpverify.contract import Implementation, ImplementationInfo, TrainedModel, TrainingRequest, noise_and_claim
+from dpverify_jaxprivacy._bandmf import bandmf_implementations
 
 __all__ = ["JaxPrivacy", "implementations"]
 
@@ -284,4 +290,5 @@ def implementations() -> list[Implementation]:
         + [_variant("keras", step) for step in _BREAKS]
         + [_layer_variant(*row) for row in _LAYER_VARIANTS]
         + dense_matrix_factorization()
+        + bandmf_implementations()
     )
