@@ -28,7 +28,8 @@ for arg in "$@"; do
   esac
 done
 jax_tests=()
-for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py tests/test_claim_events.py tests/test_correlated.py tests/test_dense_mf.py; do
+for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py tests/test_claim_events.py tests/test_correlated.py tests/test_correlated_cyclic.py \
+    tests/test_dense_mf.py tests/test_jax_privacy_bandmf.py; do
   [ -f "$file" ] && jax_tests+=("$file")
 done
 # The family's audits less the gate's exclusions (a command-line selection replaces the ini's, so it repeats
