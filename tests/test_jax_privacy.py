@@ -304,3 +304,17 @@ def test_at_q_1_the_fixed_batch_is_the_full_batch(jax_privacy):
     trained = implementation("jax-privacy-keras-fixed-batches").train(request)
     assert [b.size for b in applied_batches(request, handed, normaliser=130.0)] == [130, 130]
     assert (trained.claim.sampling_rate, trained.claim.steps) == (1.0, 2)
+
+
+def test_the_matrix_factorization_paths_are_not_applicable_before_2_0_0(jax_privacy, monkeypatch):
+    """The BandMF plan and the dense privatizer path call 2.0.0's API: on 1.0.0 they are ``n/a`` with what they
+    need (the release gate then skips them), never an ImportError in the audit."""
+    from dpverify_jaxprivacy import _releases
+
+    correlated = [impl for impl in dpverify_jaxprivacy.implementations() if "-mf" in impl.info.name or "bandmf" in impl.info.name]
+    assert {impl.info.name for impl in correlated} >= {"jax-privacy-bandmf", "jax-privacy-dense-mf"}
+    assert all(impl.unavailable_reason() is None for impl in correlated)
+    monkeypatch.setattr(_releases, "installed_version", lambda: (1,))
+    for impl in correlated:
+        reason = impl.unavailable_reason()
+        assert reason.startswith(f"n/a: {impl.info.name} needs ") and "first in JAX-Privacy 2.0.0" in reason, reason

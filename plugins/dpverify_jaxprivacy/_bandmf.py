@@ -255,13 +255,9 @@ class BandMF(Implementation):
 
     def unavailable_reason(self) -> str | None:
         """Also ``n/a`` before JAX-Privacy 2.0.0, which has no execution plan."""
-        from dpverify_jaxprivacy._releases import installed_version
+        from dpverify_jaxprivacy._releases import missing_since_2
 
-        reason = super().unavailable_reason()
-        version = None if reason else installed_version()
-        if version is not None and version < (2,):
-            return f"n/a: {self.info.name} needs jax_privacy.experimental.execution_plan (first in JAX-Privacy 2.0.0)"
-        return reason
+        return super().unavailable_reason() or missing_since_2(self.info.name, "jax_privacy.experimental.execution_plan")
 
     def train(self, request: TrainingRequest) -> TrainedModel:
         if request.num_tags:

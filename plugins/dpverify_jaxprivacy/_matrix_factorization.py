@@ -98,17 +98,13 @@ class DenseMatrixFactorization(Implementation):
         self.kind = kind
 
     def unavailable_reason(self) -> str | None:
-        """Also ``n/a`` on JAX-Privacy 1.0.0, which has no ``matrix_factorization_privatizer``."""
-        reason = super().unavailable_reason()
-        if reason is not None:
-            return reason
-        from jax_privacy import noise_addition
+        """Also ``n/a`` before JAX-Privacy 2.0.0, whose ``matrix_factorization_privatizer`` and batch selection
+        this path calls."""
+        from dpverify_jaxprivacy._releases import missing_since_2
 
-        if not hasattr(noise_addition, "matrix_factorization_privatizer"):
-            from importlib import metadata
-
-            return f"n/a: {self.info.name} needs noise_addition.matrix_factorization_privatizer; installed: JAX-Privacy {metadata.version('jax-privacy')}"
-        return None
+        return super().unavailable_reason() or missing_since_2(
+            self.info.name, "noise_addition.matrix_factorization_privatizer and batch_selection.CyclicPoissonSampling(cycle_length=...)"
+        )
 
     def train(self, request: TrainingRequest) -> TrainedModel:
         hp = request.hyperparameters

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dpverify.releases import Library, parse_version
 from dpverify.releases import installed_release as installed
 
-__all__ = ["LIBRARY", "POISSON_IN_FIT_FIRST", "installed_version", "missing_path", "parse_version"]
+__all__ = ["LIBRARY", "POISSON_IN_FIT_FIRST", "installed_version", "missing_path", "missing_since_2", "parse_version"]
 
 #: What dpverify gates of JAX-Privacy (:mod:`dpverify.releases`): 1.0.0 and 2.0.0 (the plugin resolves their
 #: calls in ``_api.py``), in the jax family's environment. 1.0.0's wheel pins jax and jaxlib 0.6.2 and
@@ -59,3 +59,15 @@ def missing_path(version: tuple[int, ...], path: str, *, poisson_in_fit: bool, v
             "JAX-Privacy 2.0.0; before, fit trains on the fixed-size batches it is given)"
         )
     return None
+
+
+def missing_since_2(name: str, needs: str) -> str | None:
+    """``n/a`` with the reason for a path written against 2.0.0's API (``needs``) on an earlier installed
+    release, or ``None``: 1.0.0 has no execution plan, and its batch selection and noise addition live in
+    other modules with other signatures (``experimental.batch_selection``, the ``noise_addition`` package)."""
+    version = installed_version()
+    if version is None or version >= (2,):
+        return None
+    from importlib import metadata
+
+    return f"n/a: {name} needs {needs} (first in JAX-Privacy 2.0.0); installed: JAX-Privacy {metadata.version('jax-privacy')}"
