@@ -31,7 +31,10 @@ def cell(audit: dict, issues: dict[str, str]) -> str:
     else:
         k_star = "none" if deficit is None else f"{deficit:.1f}"
     text = f"{audit['verdict']} {outcome_mark(audit)}".rstrip()
-    claimed = "∞" if "claimed_epsilon" in audit.get("infinite", ()) else f"{audit['claimed_epsilon']:.2f}"
+    if "claimed_epsilon" in audit.get("infinite", ()):
+        claimed = "∞"
+    else:  # no claim read: an audit that did not run (e.g. the every-update hand-over refused)
+        claimed = "-" if audit["claimed_epsilon"] is None else f"{audit['claimed_epsilon']:.2f}"
     text += f" ε_L={'-' if bound is None else f'{bound:.2f}'}/{claimed} k*={k_star}"
     issue = audit.get("issue") or issues.get(audit["implementation"])  # a report before entries had "issue": the map
     if audit["expected"] == "known-issue" and issue:
