@@ -554,7 +554,7 @@ EVERY_UPDATE_RUNS: dict[str, int] = {"quick": 16, "standard": 64, "gpu": 64, "ml
 EVERY_UPDATE_GATE_SETTINGS: tuple[str, ...] = ("m", "pooled_runs", "device", "timeout")
 #: What the every-update audit of correlated noise designates instead (an implementation whose claim states a
 #: noise structure, :attr:`~dpverify.contract.ImplementationInfo.correlated_noise`): the full batch, a record in
-#: every one of 32 steps, half the profile's runs of 500 Dirac canaries. Only there does the score decorrelate
+#: every one of 32 steps, the profile's every-update runs of 500 Dirac canaries each. Only there does the score decorrelate
 #: by the claim's strategy exactly (its event is the full-batch Gaussian of the whitened updates:
 #: :func:`~dpverify.stats.events.correlated_noise`); at q = 0.1 it scores every step while a record takes part in
 #: a tenth of them (a 2.8-fold noise deficit of jax-privacy-dense-mf-single-participation passed it, ρ 1.2). It
@@ -570,18 +570,17 @@ EVERY_UPDATE_CORRELATED_CANARIES = 500
 
 def every_update_config(profile: str, settings: dict[str, Any], *, correlated: bool = False) -> AuditConfig:
     """The default gate's every-update audit at ``profile`` (:data:`EVERY_UPDATE_SETTING`, :data:`EVERY_UPDATE_RUNS`;
-    with ``correlated``, :data:`EVERY_UPDATE_CORRELATED_SETTING` and half the runs of
+    with ``correlated``, :data:`EVERY_UPDATE_CORRELATED_SETTING` and as many runs of
     :data:`EVERY_UPDATE_CORRELATED_CANARIES`), with those of a run's ``settings`` (``--set``, ``--dp-audit-set``)
     among :data:`EVERY_UPDATE_GATE_SETTINGS`; the others are the one-run audits'. It designates σ rather than a
     target ε, as the two-world worlds do."""
     check_choice("profile", profile, PROFILE_NAMES)
     base = PROFILES[profile] if PROFILES[profile].canaries.mode == "dirac" else PROFILES["quick"]
     chosen = {k: v for k, v in settings.items() if k in EVERY_UPDATE_GATE_SETTINGS}
+    runs = EVERY_UPDATE_RUNS[profile]
     if correlated:
-        runs = EVERY_UPDATE_RUNS[profile] // 2
         design = {**EVERY_UPDATE_CORRELATED_SETTING, "m": EVERY_UPDATE_CORRELATED_CANARIES * runs}
     else:
-        runs = EVERY_UPDATE_RUNS[profile]
         design = {**EVERY_UPDATE_SETTING, "m": 2500 * runs}
     return apply_overrides(base, {**design, "pooled_runs": runs, **chosen})
 

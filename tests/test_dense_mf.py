@@ -132,7 +132,7 @@ def test_a_rate_that_is_no_whole_cycle_is_refused_with_the_fix():
 
 def audit_config(seed: int):
     """The default gate's every-update audit of correlated noise at the quick profile (q = 1, a record in every one
-    of 32 steps, target ε = 4 at δ = 1e-5: σ = 1.081, claimed μ = 0.925; 8 runs of 500 Dirac canaries, one-sided)
+    of 32 steps, target ε = 4 at δ = 1e-5: σ = 1.081, claimed μ = 0.925; 16 runs of 500 Dirac canaries, one-sided)
     at confidence 0.99: a true claim is refuted with probability at most 1 %."""
     from dpverify.config import every_update_config
 

@@ -189,14 +189,14 @@ def test_the_every_update_config_designates_q_below_one_and_takes_only_its_gate_
 
 def test_correlated_noise_gets_its_every_update_audit_at_the_full_batch():
     """An implementation whose claim states a noise structure is audited at q = 1 over 32 steps (where the
-    score decorrelates by the stated strategy exactly), half the profile's runs of 500 canaries; the others keep
+    score decorrelates by the stated strategy exactly), the profile's every-update runs of 500 canaries; the others keep
     the q < 1 design."""
     correlated = ImplementationInfo(name="mf", library="numpy", correlated_noise=True)
     audits = [a for a in gate_audits([correlated, ImplementationInfo(name="sgd", library="numpy")]) if a.every_update]
     assert [(a.implementation_name, a.correlated) for a in audits] == [("mf", True), ("sgd", False)]
     config = audits[0].config("quick", {"epochs": 50}, one_run=None)
     assert (config.hyperparameters.sampling_rate, config.hyperparameters.epochs) == (1.0, 32)
-    assert (config.canaries.m, config.pooled_runs) == (500 * 8, 8)
+    assert (config.canaries.m, config.pooled_runs) == (500 * 16, 16)
     assert audits[1].config("quick", {}, one_run=None).hyperparameters.sampling_rate == EVERY_UPDATE_SETTING["sampling_rate"]
 
 
