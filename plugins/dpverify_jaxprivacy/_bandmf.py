@@ -174,11 +174,10 @@ def _traced_step(plan: Plan, microbatch_size: int, forward: Callable):
 def train_bandmf(request: TrainingRequest, fault: str) -> tuple[Callable[[np.ndarray], np.ndarray], PrivacyClaim]:
     """Train the designated model with the plan ``fault`` builds for the request; the black box and the
     plan's claim. The update is lr·C·noisy sum / normaliser (C undoes the unit rescale, as on the core path)."""
-    from dpverify.contract import hand_over_kernels
     from dpverify.seeds import seeds_for
-    from dpverify_jaxprivacy._api import pad
-    from dpverify_jaxprivacy._core import MICROBATCH, designated_model, padding_multiple
+    from dpverify_jaxprivacy._core import designated_model
     from dpverify_jaxprivacy._jax import jax, jnp
+    from dpverify_jaxprivacy._mf_training import run_steps
 
     hp = request.hyperparameters
     plan = build_plan(
@@ -193,21 +192,13 @@ def train_bandmf(request: TrainingRequest, fault: str) -> tuple[Callable[[np.nda
     noise_state = (jax.random.key(seeds.noise), buffer)  # the run's own key (module docstring)
     scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / hp.normaliser(request.num_records))
     batches = plan.plan.batch_selection_strategy.batch_iterator(request.num_records, rng=seeds.sampling)
-    features, labels = request.features, request.labels
-    hand_over_kernels(request, 0, lambda: model.order(params))
-    for taken, batch in enumerate(batches, start=1):
-        batch = np.asarray(batch, dtype=np.int64)
-        padded = pad(batch, padding_multiple(batch.size))
-        if padded.size == 0:  # an empty batch: one all-padding block keeps the step (noise only)
-            padded = np.full(padding_multiple(0), -1, dtype=np.int64)
-        is_padding = padded < 0
-        dp_step = _traced_step(plan, min(MICROBATCH, padding_multiple(batch.size)), model.logits)
-        rows = np.where(is_padding, 0, padded)
-        params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, scale)
-        hand_over_kernels(request, taken, lambda: model.order(params))
-        if request.progress is not None:
-            request.progress(taken, hp.steps)
-    return model.black_box(params), plan.claim
+
+    def step_for(microbatch_size: int):
+        dp_step = _traced_step(plan, microbatch_size, model.logits)
+        return lambda p, state, x, y, padding: dp_step(p, state, x, y, padding, scale)
+
+    black_box = run_steps(request, model=model, params=params, noise_state=noise_state, batches=batches, step_for=step_for)
+    return black_box, plan.claim
 
 
 _NOTES = (

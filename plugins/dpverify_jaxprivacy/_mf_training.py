@@ -26,7 +26,7 @@ from dpverify.seeds import seeds_for  # noqa: E402
 from dpverify_jaxprivacy import _api  # noqa: E402
 from dpverify_jaxprivacy._core import MICROBATCH, designated_model, make_step, padding_multiple  # noqa: E402
 
-__all__ = ["cyclic_batches", "train_with_privatizer"]
+__all__ = ["cyclic_batches", "run_steps", "train_with_privatizer"]
 
 
 def cyclic_batches(*, num_examples: int, cycle_length: int, iterations: int, rng: int):
@@ -83,19 +83,33 @@ def train_with_privatizer(
     matrix = (matrix.shape, matrix.tobytes())
     scale = jnp.float32(hp.learning_rate * hp.max_grad_norm / normaliser)
     batches = cyclic_batches(num_examples=request.num_records, cycle_length=cycle_length, iterations=hp.steps, rng=seeds.sampling)
+
+    def step_for(microbatch_size: int):
+        bound, dp_step = _traced_step(float(hp.max_grad_norm), microbatch_size, model.logits, matrix)
+        stddev = jnp.float32(stddev_per_bound * bound)
+        return lambda p, state, x, y, padding: dp_step(p, state, x, y, padding, stddev, key, scale)
+
+    return run_steps(request, model=model, params=params, noise_state=noise_state, batches=batches, step_for=step_for)
+
+
+def run_steps(request: TrainingRequest, *, model, params, noise_state, batches, step_for: Callable) -> Callable[[np.ndarray], np.ndarray]:
+    """Train over ``batches`` as the core path pads them (an empty batch: one all-padding block, the step's
+    noise only), each step ``step_for(microbatch_size)``'s (params, noise state, x, y, padding) -> (params,
+    noise state); the parameters go to ``observe_update`` before the first step and after each; the black box.
+    The matrix-factorization paths' one loop (dense privatizer here, the BandMF plan in :mod:`._bandmf`)."""
+    steps = request.hyperparameters.steps
     features, labels = request.features, request.labels
     hand_over_kernels(request, 0, lambda: model.order(params))
     for taken, batch in enumerate(batches, start=1):
         batch = np.asarray(batch, dtype=np.int64)
         padded = _api.pad(batch, padding_multiple(batch.size))
-        if padded.size == 0:  # an empty group: one all-padding block keeps the step (noise only)
+        if padded.size == 0:
             padded = np.full(padding_multiple(0), -1, dtype=np.int64)
         is_padding = padded < 0
-        bound, dp_step = _traced_step(float(hp.max_grad_norm), min(MICROBATCH, padding_multiple(batch.size)), model.logits, matrix)
-        stddev = jnp.float32(stddev_per_bound * bound)
+        dp_step = step_for(min(MICROBATCH, padding_multiple(batch.size)))
         rows = np.where(is_padding, 0, padded)
-        params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding, stddev, key, scale)
+        params, noise_state = dp_step(params, noise_state, features[rows], labels[rows], is_padding)
         hand_over_kernels(request, taken, lambda: model.order(params))
         if request.progress is not None:
-            request.progress(taken, hp.steps)
+            request.progress(taken, steps)
     return model.black_box(params)
