@@ -556,7 +556,7 @@ EVERY_UPDATE_GATE_SETTINGS: tuple[str, ...] = ("m", "pooled_runs", "device", "ti
 #: noise structure, :attr:`~dpverify.contract.ImplementationInfo.correlated_noise`): the full batch, a record in
 #: every one of 32 steps, the profile's every-update runs of 500 Dirac canaries each. Only there does the score decorrelate
 #: by the claim's strategy exactly (its event is the full-batch Gaussian of the whitened updates:
-#: :func:`~dpverify.stats.events.correlated_noise`); at q = 0.1 it scores every step while a record takes part in
+#: :func:`~dpverify.stats.events.correlated_release`); at q = 0.1 it scores every step while a record takes part in
 #: a tenth of them (a 2.8-fold noise deficit of jax-privacy-dense-mf-single-participation passed it, ρ 1.2). It
 #: designates a target ε (4), not σ: a σ designates DP-SGD's run, 32 composed steps, while the claim's event is
 #: one Gaussian of the whitened updates, the μ-GDP run a target ε designates at q = 1. At the quick profile a

@@ -225,10 +225,9 @@ def check_claim_matches_request(
     trained = trained if trained is not None else _train(impl, request)
     claim, hp = trained.claim, request.hyperparameters
     sigma, rate, steps = _claimed_dpsgd(name, claim)
-    # Correlated noise without sampling (DP-FTRL: q names the epoch's 1/q batches) claims no amplification.
-    unsampled_correlated = claim.noise_structure is not None and rate == 1
-    assert unsampled_correlated or math.isclose(rate, hp.sampling_rate, rel_tol=1e-9), (
-        f"{name}: the claim's sampling rate {rate!r} is not the requested q = {hp.sampling_rate!r}"
+    assert math.isclose(rate, hp.sampling_rate, rel_tol=1e-9) or _states_every_record_in_every_step(claim), (
+        f"{name}: the claim's sampling rate {rate!r} is not the requested q = {hp.sampling_rate!r} (a claim of "
+        "correlated noise that takes no amplification states a full-batch event: every record in every step)"
     )
     assert steps == hp.steps, (
         f"{name}: the claim accounts for {steps} steps, the request asks for {hp.steps} "
@@ -247,6 +246,23 @@ def check_claim_matches_request(
     for key, value in claim.other_epsilons.items():
         assert isinstance(value, float) and value >= 0, f"{name}: other_epsilons[{key!r}] = {value!r} is not an ε"
     return trained
+
+
+def _states_every_record_in_every_step(claim: PrivacyClaim) -> bool:
+    """Whether a claim of correlated noise reads as every record in every step (a
+    :class:`~dpverify.stats.events.CorrelatedRelease` of cycle 1 at rate 1). Its sensitivity, the largest
+    ‖CG‖ over gradients of norm at most 1 at every step, bounds whatever participation the run has, so such a
+    claim takes no amplification and holds at any requested q (DP-FTRL: q names the epoch's 1/q batches). A
+    cyclic claim at rate 1 does not: it states a record in one phase only, so its rate must be the request's."""
+    from dpverify.stats.events import correlated_release
+
+    if claim.noise_structure is None:
+        return False
+    try:
+        release = correlated_release(claim)
+    except ValueError:
+        return False
+    return release.cycle == 1 and release.sampling_rate == 1
 
 
 def check_determinism(

@@ -10,6 +10,7 @@ reference included, trains the designated models: a zero-initialised softmax reg
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import numpy as np
@@ -224,6 +225,37 @@ def test_output_contract_catches(log_proba, message):
 def test_claim_check_catches(changes, message):
     with pytest.raises(AssertionError, match=f"fake-impl.*{message}"):
         conformance.check_claim_matches_request(_Fake(claim_changes=changes), conformance.small_request())
+
+
+@pytest.mark.parametrize(
+    "event, holds",
+    [
+        (lambda dp: dp.GaussianDpEvent(2.0), True),  # every record in every step: no amplification taken
+        (lambda dp: dp.SelfComposedDpEvent(dp.PoissonSampledDpEvent(0.1, dp.GaussianDpEvent(2.0)), 5), True),
+        (lambda dp: dp.SelfComposedDpEvent(dp.GaussianDpEvent(2.0), 5), False),  # one phase in 2, unsampled
+        (lambda dp: dp.SelfComposedDpEvent(dp.PoissonSampledDpEvent(0.2, dp.GaussianDpEvent(2.0)), 5), False),
+    ],
+    ids=["full-batch", "cyclic-poisson-at-q", "cyclic-at-rate-1", "cyclic-poisson-at-2q"],
+)
+def test_a_correlated_claim_takes_the_requested_amplification_or_none(event, holds):
+    """At q = 0.1 over 10 steps of a 2-band strategy: a full-batch claim bounds any participation, a cyclic
+    one states a record in one phase, so its sampling rate must be the request's."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dpverify.stats.correlated import NoiseStructure
+
+    claim = PrivacyClaim(epsilon=1.0, delta=1e-5, accountant="fake", dp_event=event(dp_accounting),
+                         noise_structure=NoiseStructure.banded_toeplitz([1.0, 0.5], steps=10))
+
+    class Correlated(_Fake):
+        def train(self, request):
+            return dataclasses.replace(super().train(request), claim=claim)
+
+    request = conformance.small_request()
+    if holds:
+        conformance.check_claim_matches_request(Correlated(), request)
+    else:
+        with pytest.raises(AssertionError, match="sampling rate .* is not the requested q = 0.1 .*every record in every step"):
+            conformance.check_claim_matches_request(Correlated(), request)
 
 
 def test_determinism_catches_an_ignored_or_unused_seed():

@@ -9,7 +9,7 @@ import pytest
 from dpverify.contract import PrivacyClaim
 from dpverify.stats import correlated
 from dpverify.stats.correlated import NoiseStructure, optimal_max_error_coefficients
-from dpverify.stats.events import correlated_noise, correlated_release
+from dpverify.stats.events import correlated_release
 
 
 def _claim(event, structure):
@@ -46,7 +46,7 @@ def test_bandmfs_amplified_event_reads_as_cyclic_participation_with_tau_sigma_ti
 def test_an_event_of_neither_participation_is_refused_with_the_reason(event, reason):
     structure = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(4), steps=18)
     with pytest.raises(ValueError, match="full-batch Gaussian event") as refused:
-        correlated_noise(_claim(event, structure))
+        correlated_release(_claim(event, structure))
     assert reason in str(refused.value)
 
 

@@ -13,7 +13,7 @@ from dpverify.conformance import HANDS_OVER_EVERY_UPDATE, run_conformance, small
 from dpverify.config import profile_config
 from dpverify.contract import PrivacyClaim
 from dpverify.stats.correlated import NoiseStructure, optimal_max_error_coefficients
-from dpverify.stats.events import correlated_noise, dpsgd_numbers, request_numbers
+from dpverify.stats.events import correlated_release, dpsgd_numbers, request_numbers
 from tests.test_readme import FILES
 
 pytest.importorskip("torch")
@@ -130,13 +130,13 @@ def test_tau_is_the_events_sigma_times_the_every_step_sensitivity():
     """τ = σ·‖C·1‖/√n for n self-composed Gaussians of σ (C ≥ 0 here, so the sensitivity is ‖C·1‖)."""
     structure = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(4), steps=12)
     row_sums = np.linalg.norm(structure.strategy.sum(axis=1))
-    _, tau = correlated_noise(_claim(dp_event=dp_accounting.GaussianDpEvent(0.5), noise_structure=structure))
+    tau = correlated_release(_claim(dp_event=dp_accounting.GaussianDpEvent(0.5), noise_structure=structure)).noise_stddev
     assert tau == pytest.approx(0.5 * row_sums)
     composed = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 4)
-    assert correlated_noise(_claim(dp_event=composed, noise_structure=structure))[1] == pytest.approx(row_sums)
+    assert correlated_release(_claim(dp_event=composed, noise_structure=structure)).noise_stddev == pytest.approx(row_sums)
     sampled = dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.0))
     with pytest.raises(ValueError, match="full-batch Gaussian event"):
-        correlated_noise(_claim(dp_event=sampled, noise_structure=structure))
+        correlated_release(_claim(dp_event=sampled, noise_structure=structure))
 
 
 @pytest.mark.slow

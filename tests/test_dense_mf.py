@@ -19,7 +19,7 @@ from tests.updates import applied_batches, dirac_request, observed
 pytest.importorskip("jax_privacy", reason="needs JAX-Privacy, which has its own environment: see the README")
 
 from dpverify.stats.correlated import min_separation_sensitivity  # noqa: E402
-from dpverify.stats.events import correlated_noise  # noqa: E402
+from dpverify.stats.events import correlated_release  # noqa: E402
 from dpverify_jaxprivacy import _matrix_factorization as dense_mf  # noqa: E402
 
 #: Untouched input coordinates of the noise tests: 3 classes each, 1200 noise series for a T = 8 covariance,
@@ -68,10 +68,11 @@ def test_the_batches_are_the_librarys_fixed_cycle_each_record_every_b_steps():
 
 def test_the_noise_whitened_by_the_claimed_strategy_is_white_with_the_claims_tau():
     """The library's noise, whitened by the claim's C, is i.i.d. N(0, τ²) with τ the audit's
-    (:func:`correlated_noise`: σ times the every-step sensitivity), which is the library's own min-separation
+    (:func:`correlated_release`: σ times the every-step sensitivity), which is the library's own min-separation
     sensitivity at q = 1. Each whitened covariance entry is within 0.2 of the identity's (about 6 standard errors)."""
     claim, noise, _, _ = run("correct")
-    structure, tau = correlated_noise(claim)
+    release = correlated_release(claim)
+    structure, tau = release.structure, release.noise_stddev
     assert tau == pytest.approx(dense_mf._noise_sensitivity("correct", 8, 1), rel=1e-5)
     assert tau == pytest.approx(min_separation_sensitivity(structure, min_separation=1), rel=1e-5)
     whitened = noise @ structure.strategy.T / tau
@@ -81,7 +82,8 @@ def test_the_noise_whitened_by_the_claimed_strategy_is_white_with_the_claims_tau
 def test_the_single_participation_variant_adds_the_noise_of_one_participation():
     """Its whitened noise has variance (largest column norm / ‖C·1‖)² of the claim's: 0.15 at 8 steps and 2 bands."""
     claim, noise, _, _ = run("single_participation")
-    structure, tau = correlated_noise(claim)
+    release = correlated_release(claim)
+    structure, tau = release.structure, release.noise_stddev
     whitened = noise @ structure.strategy.T / tau
     expected = (np.linalg.norm(structure.strategy, axis=0).max() / np.linalg.norm(structure.strategy.sum(axis=1))) ** 2
     assert np.mean(whitened**2) == pytest.approx(expected, rel=0.15)
@@ -91,7 +93,8 @@ def test_the_mismatched_variant_draws_noise_another_strategy_correlates():
     """Whitened by the claimed C its noise has covariance W Wᵀ, W = C·C_full⁻¹ with C_full the unbanded
     strategy the noising matrix inverts (each entry within 0.2), not the identity the claim states."""
     claim, noise, _, _ = run("mismatched_noising")
-    structure, tau = correlated_noise(claim)
+    release = correlated_release(claim)
+    structure, tau = release.structure, release.noise_stddev
     whitened = noise @ structure.strategy.T / tau
     mixing = structure.strategy @ np.linalg.inv(np.asarray(dense_mf._toeplitz(8, 8), dtype=np.float64))
     covariance = whitened.T @ whitened / whitened.shape[0]

@@ -39,7 +39,6 @@ __all__ = [
     "UnaccountableEvent",
     "check_dp_event",
     "CorrelatedRelease",
-    "correlated_noise",
     "correlated_release",
     "dp_event_type",
     "dpsgd_numbers",
@@ -203,12 +202,6 @@ def correlated_release(claim: Any) -> CorrelatedRelease:
     else:  # each participation a Gaussian of σ for the largest column norm (the event's unit)
         tau = sigma * float(np.linalg.norm(structure.strategy, axis=0).max())
     return CorrelatedRelease(structure=structure, noise_stddev=tau, cycle=cycle, sampling_rate=rate)
-
-
-def correlated_noise(claim: Any) -> tuple[Any, float]:
-    """``(C, τ)`` of :func:`correlated_release` (its structure and noise stddev)."""
-    release = correlated_release(claim)
-    return release.structure, release.noise_stddev
 
 
 def _installed_version() -> str:

@@ -36,8 +36,8 @@ from dpverify.stats.correlated import NoiseStructure
 from dpverify.torch import as_tensors, black_boxes, build_mlp, fast_math, hand_over_parameters, resolve_device, seeds_for, training_criterion
 from dpverify_opacus._training import (
     RDP_NAME,
-    _epochs,
     batch_fetching_loader,
+    endless_batches,
     mix_into,
     rdp_noise_multiplier,
     sampling_rate_for,
@@ -122,7 +122,7 @@ def train_dpcr(request: TrainingRequest, *, name: str, claim: str = "accountant"
     taken = 0
     with fast_math(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        for inputs, targets in itertools.islice(_epochs(dp_loader), steps):
+        for inputs, targets in itertools.islice(endless_batches(dp_loader), steps):
             inputs, targets = inputs.to(device), targets.to(device)
             optimizer.zero_grad()
             if len(inputs):

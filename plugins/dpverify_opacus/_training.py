@@ -160,7 +160,8 @@ def mix_into(obj: Any, mutation: Callable[[type], type], **attributes: Any) -> A
     return obj
 
 
-def _epochs(loader: DataLoader) -> Iterator[Any]:
+def endless_batches(loader: DataLoader) -> Iterator[Any]:
+    """The loader's batches epoch after epoch, for a run that counts steps rather than epochs."""
     while True:
         yield from loader
 
@@ -365,7 +366,7 @@ def run_steps(run: OpacusRun) -> PrivacyClaim:
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         # Exactly `steps` steps: Opacus' sampler yields int(1/sample_rate) batches per pass, which is
         # one short of 1/q for some q (e.g. 1/93), so passes are chained rather than counted.
-        for inputs, targets in itertools.islice(_epochs(run.data_loader), steps):
+        for inputs, targets in itertools.islice(endless_batches(run.data_loader), steps):
             backward_batch(run, inputs, targets)
             run.optimizer.step()
             taken += 1
