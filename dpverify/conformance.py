@@ -225,9 +225,10 @@ def check_claim_matches_request(
     trained = trained if trained is not None else _train(impl, request)
     claim, hp = trained.claim, request.hyperparameters
     sigma, rate, steps = _claimed_dpsgd(name, claim)
-    assert math.isclose(rate, hp.sampling_rate, rel_tol=1e-9) or _states_every_record_in_every_step(claim), (
+    assert math.isclose(rate, hp.sampling_rate, rel_tol=1e-9) or _takes_no_amplification_beyond(claim, hp.sampling_rate), (
         f"{name}: the claim's sampling rate {rate!r} is not the requested q = {hp.sampling_rate!r} (a claim of "
-        "correlated noise that takes no amplification states a full-batch event: every record in every step)"
+        "correlated noise that takes no amplification states every record in every step, or in one phase of the "
+        "1/q fixed batches)"
     )
     assert steps == hp.steps, (
         f"{name}: the claim accounts for {steps} steps, the request asks for {hp.steps} "
@@ -248,12 +249,12 @@ def check_claim_matches_request(
     return trained
 
 
-def _states_every_record_in_every_step(claim: PrivacyClaim) -> bool:
-    """Whether a claim of correlated noise reads as every record in every step (a
-    :class:`~dpverify.stats.events.CorrelatedRelease` of cycle 1 at rate 1). Its sensitivity, the largest
-    ‖CG‖ over gradients of norm at most 1 at every step, bounds whatever participation the run has, so such a
-    claim takes no amplification and holds at any requested q (DP-FTRL: q names the epoch's 1/q batches). A
-    cyclic claim at rate 1 does not: it states a record in one phase only, so its rate must be the request's."""
+def _takes_no_amplification_beyond(claim: PrivacyClaim, sampling_rate: float) -> bool:
+    """Whether a claim of correlated noise at rate 1 reads (:class:`~dpverify.stats.events.CorrelatedRelease`)
+    as every record in every step, or in one phase of the 1/q fixed batches the request names (DP-FTRL: each
+    epoch one pass over the data in 1/q batches). The first one's sensitivity, the largest ‖CG‖ over gradients
+    of norm at most 1 at every step, bounds any participation; the second is the fixed-batch reading of q. A
+    cyclic claim of another cycle states a participation the request did not ask for."""
     from dpverify.stats.events import correlated_release
 
     if claim.noise_structure is None:
@@ -262,7 +263,7 @@ def _states_every_record_in_every_step(claim: PrivacyClaim) -> bool:
         release = correlated_release(claim)
     except ValueError:
         return False
-    return release.cycle == 1 and release.sampling_rate == 1
+    return release.sampling_rate == 1 and (release.cycle == 1 or math.isclose(release.cycle * sampling_rate, 1.0, rel_tol=1e-9))
 
 
 def check_determinism(

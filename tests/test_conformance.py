@@ -228,18 +228,19 @@ def test_claim_check_catches(changes, message):
 
 
 @pytest.mark.parametrize(
-    "event, holds",
+    "event, sampling_rate, holds",
     [
-        (lambda dp: dp.GaussianDpEvent(2.0), True),  # every record in every step: no amplification taken
-        (lambda dp: dp.SelfComposedDpEvent(dp.PoissonSampledDpEvent(0.1, dp.GaussianDpEvent(2.0)), 5), True),
-        (lambda dp: dp.SelfComposedDpEvent(dp.GaussianDpEvent(2.0), 5), False),  # one phase in 2, unsampled
-        (lambda dp: dp.SelfComposedDpEvent(dp.PoissonSampledDpEvent(0.2, dp.GaussianDpEvent(2.0)), 5), False),
+        (lambda dp: dp.GaussianDpEvent(2.0), 0.1, True),  # every record in every step: no amplification taken
+        (lambda dp: dp.SelfComposedDpEvent(dp.PoissonSampledDpEvent(0.1, dp.GaussianDpEvent(2.0)), 5), 0.1, True),
+        (lambda dp: dp.SelfComposedDpEvent(dp.GaussianDpEvent(2.0), 5), 0.5, True),  # one phase of the 2 fixed batches
+        (lambda dp: dp.SelfComposedDpEvent(dp.GaussianDpEvent(2.0), 5), 0.1, False),  # one phase in 2, not of 10
+        (lambda dp: dp.SelfComposedDpEvent(dp.PoissonSampledDpEvent(0.2, dp.GaussianDpEvent(2.0)), 5), 0.1, False),
     ],
-    ids=["full-batch", "cyclic-poisson-at-q", "cyclic-at-rate-1", "cyclic-poisson-at-2q"],
+    ids=["full-batch", "cyclic-poisson-at-q", "cyclic-of-the-fixed-batches", "cyclic-of-another-cycle", "poisson-at-2q"],
 )
-def test_a_correlated_claim_takes_the_requested_amplification_or_none(event, holds):
-    """At q = 0.1 over 10 steps of a 2-band strategy: a full-batch claim bounds any participation, a cyclic
-    one states a record in one phase, so its sampling rate must be the request's."""
+def test_a_correlated_claim_takes_the_requested_amplification_or_none(event, sampling_rate, holds):
+    """10 steps of a 2-band strategy: a full-batch claim bounds any participation; a cyclic one states a
+    record in one phase of 2, which is the request's when it names 2 fixed batches (q = 1/2) or samples at its q."""
     dp_accounting = pytest.importorskip("dp_accounting")
     from dpverify.stats.correlated import NoiseStructure
 
@@ -250,11 +251,11 @@ def test_a_correlated_claim_takes_the_requested_amplification_or_none(event, hol
         def train(self, request):
             return dataclasses.replace(super().train(request), claim=claim)
 
-    request = conformance.small_request()
+    request = conformance.small_request(sampling_rate=sampling_rate, epochs=round(10 * sampling_rate))
     if holds:
         conformance.check_claim_matches_request(Correlated(), request)
     else:
-        with pytest.raises(AssertionError, match="sampling rate .* is not the requested q = 0.1 .*every record in every step"):
+        with pytest.raises(AssertionError, match=f"sampling rate .* is not the requested q = {sampling_rate} .*fixed batches"):
             conformance.check_claim_matches_request(Correlated(), request)
 
 
