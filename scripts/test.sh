@@ -28,8 +28,10 @@ for arg in "$@"; do
   esac
 done
 jax_tests=()
-for file in tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py tests/test_claim_events.py tests/test_correlated.py tests/test_correlated_cyclic.py \
-    tests/test_dense_mf.py tests/test_jax_privacy_bandmf.py; do
+# The matrix-factorization files first: their audits are the run's longest tests, and xdist deals the items
+# in this order, so last they would leave one worker idle at the end.
+for file in tests/test_jax_privacy_bandmf.py tests/test_dense_mf.py tests/test_jax_privacy.py tests/test_jax_auditing.py tests/test_layers.py \
+    tests/test_claim_events.py tests/test_correlated.py tests/test_correlated_cyclic.py; do
   [ -f "$file" ] && jax_tests+=("$file")
 done
 # The family's audits less the gate's exclusions (a command-line selection replaces the ini's, so it repeats

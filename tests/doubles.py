@@ -28,6 +28,47 @@ from dpverify.contract import (
 from dpverify.stats.curves import ClaimedRun
 
 
+@dataclass(frozen=True)
+class Rows:
+    """A feature matrix in float64 for the doubles' products, kept as each row's one non-zero column
+    (``owner``) and its ``value`` when every row has at most one and no two rows share a column (Dirac
+    canaries; ``dense`` otherwise). Each entry of a product is then one product plus exact zeros, so
+    reading it off the owned rows gives the dense product's very numbers without the dense arithmetic,
+    which took half of a simulated 160 000-canary audit's time."""
+
+    columns: int
+    dense: np.ndarray | None = None
+    owner: np.ndarray | None = None
+    value: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, features: np.ndarray) -> "Rows":
+        nonzero = features != 0
+        counts = nonzero.sum(axis=1)
+        if counts.max(initial=0) <= 1:
+            owner = np.argmax(nonzero, axis=1)  # column 0 for an all-zero row, whose value is 0
+            if len(np.unique(owner[counts == 1])) == np.count_nonzero(counts):
+                value = features[np.arange(len(features)), owner].astype(np.float64)
+                return cls(columns=features.shape[1], owner=owner, value=value)
+        return cls(columns=features.shape[1], dense=np.asarray(features, np.float64))
+
+    def squared_norms(self) -> np.ndarray:
+        return np.sum(self.dense**2, axis=1) if self.dense is not None else self.value**2
+
+    def times(self, matrix: np.ndarray) -> np.ndarray:
+        """``features @ matrix``."""
+        return self.dense @ matrix if self.dense is not None else self.value[:, None] * matrix[self.owner]
+
+    def divided_transpose_times(self, divisor: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+        """``(features / divisor per row)ᵀ @ matrix``."""
+        if self.dense is not None:
+            return (self.dense / divisor[:, None]).T @ matrix
+        owned = self.value != 0
+        result = np.zeros((self.columns, matrix.shape[1]))
+        result[self.owner[owned]] = (self.value[owned] / divisor[owned])[:, None] * matrix[owned]
+        return result
+
+
 def claim_for(request: TrainingRequest, epsilon: float) -> PrivacyClaim:
     """A claim of ``epsilon`` for a run it describes consistently: σ is calibrated so that the full-batch
     Gaussian mechanism of the request's steps is exactly ``epsilon``-DP at δ (with q < 1 the described
@@ -148,16 +189,16 @@ class GaussianMechanism(Implementation):
         claim = claim_for(request, self.claimed_epsilon)
         mu = math.sqrt(claim.steps) / claim.noise_multiplier
         classes = request.num_classes
-        features = request.features.astype(np.float64)
-        norms_squared = np.maximum(np.sum(features**2, axis=1), 1e-300)
+        features = Rows.of(request.features)
+        norms_squared = np.maximum(features.squared_norms(), 1e-300)
         # Each logit of a canary of norm r has standard deviation r·spread; the inclusion score's is 1.
-        spread = 1 / math.sqrt(1 + 1 / (classes - 1)) / math.sqrt(float(np.median(norms_squared)) if features.size else 1.0)
+        spread = 1 / math.sqrt(1 + 1 / (classes - 1)) / math.sqrt(float(np.median(norms_squared)) if request.features.size else 1.0)
         rng = np.random.default_rng(request.seed)
         weights = spread * rng.standard_normal((request.dimension, classes))
-        weights += (features / norms_squared[:, None]).T @ (self.signal * mu * np.eye(classes)[request.labels])
+        weights += features.divided_transpose_times(norms_squared, self.signal * mu * np.eye(classes)[request.labels])
 
         def predict(queries: np.ndarray) -> np.ndarray:
-            logits = queries.astype(np.float64) @ weights
+            logits = Rows.of(queries).times(weights)
             return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
 
         return TrainedModel(predict_log_proba=predict, claim=claim, device="cpu")

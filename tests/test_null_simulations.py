@@ -12,13 +12,16 @@ probability ≤ 0.0067. Run on the audits at the departure, it fails with probab
 simulation at its measured rate (:func:`test_the_checks_are_sized_as_stated`;
 benchmarks/results/null-simulations.md measures the rates, gives the power at each rate's 95 % lower end
 too, and shows each check run once on both). The seeds
-are fixed before any run (:func:`~tests.null_simulations.null_check_seeds`). The power step after each
+are fixed before any run (:func:`~tests.null_simulations.null_check_seeds`), and the audits stop once
+the rest cannot change the check's answer (:func:`~tests.null_simulations.null_check_refuted`), which is
+then the answer on all five, so the rates above hold as stated. The power step after each
 verdict is skipped (:func:`~tests.null_simulations.without_power_step`): it never makes or unmakes a
 violation.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -31,10 +34,12 @@ from tests.null_simulations import (
     DEPARTURES,
     LEVEL,
     NULL_AUDITS,
+    SIMULATIONS,
     DiracDPSGD,
     level_exceeded,
     null_check_lower_end,
     null_check_refuted,
+    null_check_seeds,
     one_run_audit,
     refuted_to_fail,
     without_power_step,
@@ -63,22 +68,34 @@ def test_the_checks_are_sized_as_stated():
         assert stats.binom.sf(fail_at - 1, NULL_AUDITS, refuted / audits) >= 0.9, name
 
 
+def test_stopping_once_decided_gives_the_answer_of_all_the_audits(monkeypatch):
+    """For every outcome of the five audits, the null check on the audits run until decided answers as on
+    all five (which it then counts in full without ``until_decided``)."""
+    seeds = list(null_check_seeds("one_run", 1.0))
+    for outcomes in itertools.product([False, True], repeat=NULL_AUDITS):
+        monkeypatch.setitem(SIMULATIONS, "one_run", lambda *, deficit, seed, confidence: outcomes[seeds.index(seed)])
+        stopped = null_check_refuted("one_run", deficit=1.0, until_decided=True)
+        assert null_check_refuted("one_run", deficit=1.0) == sum(outcomes)
+        assert level_exceeded(stopped, NULL_AUDITS) == level_exceeded(sum(outcomes), NULL_AUDITS), outcomes
+
+
 @functools.cache
 def refuted(name: str, deficit: float) -> int:
-    """The null check's refuted audits of simulation ``name`` at ``deficit``, once per session."""
-    return null_check_refuted(name, deficit=deficit)
+    """The null check's refuted audits of simulation ``name`` at ``deficit``, once per session, run until
+    its answer is decided (the same answer as on all :data:`~tests.null_simulations.NULL_AUDITS`)."""
+    return null_check_refuted(name, deficit=deficit, until_decided=True)
 
 
 def _null_check_passes_at_the_truth_and_fails_at_the_deficit(name: str) -> None:
     departure = DEPARTURES[name]
     at_truth, at_deficit = refuted(name, 1.0), refuted(name, departure)
     assert not level_exceeded(at_truth, NULL_AUDITS), (
-        f"{at_truth} of {NULL_AUDITS} audits of the exact claim refuted: the rate is above {LEVEL} "
-        f"(lower end {null_check_lower_end(at_truth, NULL_AUDITS):.3f})"
+        f"at least {at_truth} of {NULL_AUDITS} audits of the exact claim refuted: the rate is above {LEVEL} "
+        f"(lower end {null_check_lower_end(at_truth, NULL_AUDITS):.3f} or more)"
     )
     assert level_exceeded(at_deficit, NULL_AUDITS), (
-        f"the null check passes audits of a claimed curve {departure}× too strong ({at_deficit} of {NULL_AUDITS} "
-        f"refuted, lower end {null_check_lower_end(at_deficit, NULL_AUDITS):.3f}): it could not notice a broken level"
+        f"the null check passes audits of a claimed curve {departure}× too strong (fewer than "
+        f"{refuted_to_fail(NULL_AUDITS)} of {NULL_AUDITS} refuted): it could not notice a broken level"
     )
 
 
