@@ -566,12 +566,33 @@ EVERY_UPDATE_CORRELATED_SETTING: dict[str, Any] = dict(
     observe="every_update", epsilon=4.0, sampling_rate=1.0, epochs=32, sides="one"
 )
 EVERY_UPDATE_CORRELATED_CANARIES = 500
+#: What the every-update audit of correlated noise designates for an implementation that samples nothing
+#: (:attr:`~dpverify.contract.ImplementationInfo.amplified` false: DP-FTRL, each epoch one pass over the data in
+#: 1/q batches of a fixed order): epochs of 4 steps (q = 1/4, a tree of depth 3 per epoch; a power of 2, so the
+#: restarted tree's strategy has exactly 4 bands and its events read as one participation an epoch,
+#: :func:`~dpverify.stats.events.correlated_release`), 8 of them, the profile's every-update runs of
+#: :data:`EVERY_UPDATE_CORRELATED_CANARIES` Dirac canaries, a target ε of 4 (σ = 5.67 by TF-Privacy's
+#: accountant; the event's μ 0.86), and a learning rate of 0.02 so that the canaries' gradients stay clipped and
+#: alike over the run (at the profile's 2.0 each participation moved a canary's logit by 0.8 and a tree that
+#: never restarts, whose summed noise is small, let members fit their label and their gradients fade: it
+#: passed, its score's μ 1.13 where the ceiling's is 1.85). At q = 1 an epoch is one step and the tree one
+#: leaf, DP-SGD's independent noise, so the full-batch design cannot see a tree; at the DP-SGD design's σ = 1
+#: and q = 0.1 the unamplified claim is ε 41.6, beyond what the audit can refute. Here each canary is scored at
+#: each of the 4 places it may hold in every epoch, whitened by the claimed tree and mixed over the places: a
+#: perfect attacker of the correct run who knows the places reaches 0.92 of the claimed μ, the mixed score
+#: 0.77, while a tree never restarted shows 2.1 times the claimed μ to it and node noise for one epoch's tree
+#: 2.2 times (benchmarks/results/tf-privacy-ftrl.md: the numpy ceiling, and the audits over seeds).
+EVERY_UPDATE_EPOCHS_SETTING: dict[str, Any] = dict(
+    observe="every_update", epsilon=4.0, sampling_rate=0.25, epochs=8, learning_rate=0.02, sides="one"
+)
 
 
-def every_update_config(profile: str, settings: dict[str, Any], *, correlated: bool = False) -> AuditConfig:
+def every_update_config(
+    profile: str, settings: dict[str, Any], *, correlated: bool = False, amplified: bool = True
+) -> AuditConfig:
     """The default gate's every-update audit at ``profile`` (:data:`EVERY_UPDATE_SETTING`, :data:`EVERY_UPDATE_RUNS`;
-    with ``correlated``, :data:`EVERY_UPDATE_CORRELATED_SETTING` and as many runs of
-    :data:`EVERY_UPDATE_CORRELATED_CANARIES`), with those of a run's ``settings`` (``--set``, ``--dp-audit-set``)
+    with ``correlated``, :data:`EVERY_UPDATE_CORRELATED_SETTING`, or :data:`EVERY_UPDATE_EPOCHS_SETTING` for an
+    implementation that is not ``amplified``, and as many runs of :data:`EVERY_UPDATE_CORRELATED_CANARIES`), with those of a run's ``settings`` (``--set``, ``--dp-audit-set``)
     among :data:`EVERY_UPDATE_GATE_SETTINGS`; the others are the one-run audits'. It designates σ rather than a
     target ε, as the two-world worlds do."""
     check_choice("profile", profile, PROFILE_NAMES)
@@ -579,7 +600,8 @@ def every_update_config(profile: str, settings: dict[str, Any], *, correlated: b
     chosen = {k: v for k, v in settings.items() if k in EVERY_UPDATE_GATE_SETTINGS}
     runs = EVERY_UPDATE_RUNS[profile]
     if correlated:
-        design = {**EVERY_UPDATE_CORRELATED_SETTING, "m": EVERY_UPDATE_CORRELATED_CANARIES * runs}
+        setting = EVERY_UPDATE_CORRELATED_SETTING if amplified else EVERY_UPDATE_EPOCHS_SETTING
+        design = {**setting, "m": EVERY_UPDATE_CORRELATED_CANARIES * runs}
     else:
         design = {**EVERY_UPDATE_SETTING, "m": 2500 * runs}
     return apply_overrides(base, {**design, "pooled_runs": runs, **chosen})

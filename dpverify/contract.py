@@ -604,6 +604,12 @@ class ImplementationInfo:
     the first implementation of each named sampler in a session and not again on the others.
     ``correlated_noise`` says its claim states a noise structure (:attr:`PrivacyClaim.noise_structure`): the
     default gate's every-update audit then designates the full batch, where its score reads that structure exactly.
+    ``amplified`` false says it samples nothing and its claim takes no amplification from sampling: each
+    epoch passes over the data once in 1/q batches of a fixed order (DP-FTRL), a record in one step of each.
+    Its every-update audit then designates epochs of several steps
+    (:data:`~dpverify.config.EVERY_UPDATE_EPOCHS_SETTING`), and the worlds that ask whether a sampler samples as
+    a Poisson claim assumes (the fixed-batch world, which needs ``amplified``) do not apply: there is no
+    sampling to misaccount.
     """
 
     name: str
@@ -623,6 +629,7 @@ class ImplementationInfo:
     layer_issues: tuple[tuple[str, str], ...] = ()
     sampler: str | None = None
     correlated_noise: bool = False
+    amplified: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").replace(".", "").isalnum():

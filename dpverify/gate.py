@@ -63,7 +63,8 @@ def every_update_applies(info: ImplementationInfo) -> bool:
 @dataclass(frozen=True)
 class GateAudit:
     """One audit of the gate: an implementation's one-run audit (``world`` and ``layer`` ``None``), its
-    every-update audit (``every_update``; of correlated noise, at the full batch, with ``correlated``), its
+    every-update audit (``every_update``; of correlated noise, at the full batch, with ``correlated``, or in
+    epochs of several steps where the implementation is not ``amplified``), its
     two-world audit of ``world``, or its one-run audit of the ``layer`` design."""
 
     implementation_name: str
@@ -72,6 +73,7 @@ class GateAudit:
     every_update: bool = False
     layer: str | None = None
     correlated: bool = False
+    amplified: bool = True
 
     @property
     def test_name(self) -> str:
@@ -98,7 +100,7 @@ class GateAudit:
         limit) its design lets change; or the one-run audit's, which ``one_run`` builds (the command line and
         the plugin each rank a run's settings their own way)."""
         if self.every_update:
-            return every_update_config(profile, dict(settings), correlated=self.correlated)
+            return every_update_config(profile, dict(settings), correlated=self.correlated, amplified=self.amplified)
         if self.layer is not None:
             return gate_layer_config(profile, self.layer, dict(settings))
         if self.world is not None:
@@ -151,7 +153,9 @@ def gate_audits(
         if not (full_batch and any(WORLDS[world].full_batch_blind and info.bug in WORLDS[world].bugs for world in chosen)):
             audits.append(GateAudit(info.name, info.expected))
         if every_update and every_update_applies(info):
-            audits.append(GateAudit(info.name, info.expected, every_update=True, correlated=info.correlated_noise))
+            audits.append(GateAudit(
+                info.name, info.expected, every_update=True, correlated=info.correlated_noise, amplified=info.amplified
+            ))
         audits.extend(GateAudit(info.name, info.expected, world) for world in chosen)
         audits.extend(own_layers if layers else [])
     return audits

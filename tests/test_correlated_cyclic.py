@@ -36,6 +36,23 @@ def test_bandmfs_amplified_event_reads_as_cyclic_participation_with_tau_sigma_ti
     assert full.cycle == 4 and full.noise_stddev == pytest.approx(release.noise_stddev)
 
 
+def test_an_event_of_participations_of_several_gaussians_reads_as_cyclic_with_tau_for_the_worst_step():
+    """SelfComposedDpEvent(SelfComposedDpEvent(GaussianDpEvent(σ), k), ⌈T/b⌉): a record once every b steps,
+    each time k Gaussians of σ (DP-FTRL's tree of depth k restarted every b = 4 steps, k = 3), so the
+    largest column's whitened signal is the claimed √k/σ: τ = σ·max‖Ce_i‖/√k, at most the library's σ
+    (the tree's columns fall short of √k). Flat, the same k·⌈T/b⌉ Gaussians read as a full batch."""
+    structure = NoiseStructure.tree_aggregation(steps=32, restart_period=4)
+    node = dp_accounting.GaussianDpEvent(2.0)
+    release = correlated_release(_claim(dp_accounting.SelfComposedDpEvent(dp_accounting.SelfComposedDpEvent(node, 3), 8), structure))
+    column = float(np.linalg.norm(structure.strategy, axis=0).max())
+    assert (release.cycle, release.sampling_rate) == (4, 1.0)
+    assert release.noise_stddev == pytest.approx(2.0 * column / np.sqrt(3)) and column < np.sqrt(3)
+    assert correlated_release(_claim(dp_accounting.SelfComposedDpEvent(node, 24), structure)).cycle == 1
+    sampled = dp_accounting.SelfComposedDpEvent(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.5, node), 3), 8)
+    with pytest.raises(ValueError, match="full-batch Gaussian event"):
+        correlated_release(_claim(sampled, structure))
+
+
 @pytest.mark.parametrize(
     "event, reason",
     [

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from dpverify.canaries.worlds import WORLDS, World, dataset_size_worlds, register_world
-from dpverify.config import EVERY_UPDATE_SETTING, one_run_full_batch, profile_config, TWO_WORLD_RUNS_SCALE, every_update_config, two_world_config
+from dpverify.config import EVERY_UPDATE_EPOCHS_SETTING, EVERY_UPDATE_SETTING, one_run_full_batch, profile_config, TWO_WORLD_RUNS_SCALE, every_update_config, two_world_config
 from dpverify.contract import ImplementationInfo, LayerArchitecture, MLPArchitecture
 from dpverify.gate import EVERY_UPDATE_BUGS, applicable_worlds, every_update_applies, gate_audits
 from tests.test_plugin import CONFTEST, REPO, run
@@ -198,6 +198,21 @@ def test_correlated_noise_gets_its_every_update_audit_at_the_full_batch():
     assert (config.hyperparameters.sampling_rate, config.hyperparameters.epochs) == (1.0, 32)
     assert (config.canaries.m, config.pooled_runs) == (500 * 16, 16)
     assert audits[1].config("quick", {}, one_run=None).hyperparameters.sampling_rate == EVERY_UPDATE_SETTING["sampling_rate"]
+
+
+def test_correlated_noise_without_sampling_gets_epochs_and_no_fixed_batch_world():
+    """An implementation that samples nothing (DP-FTRL) is audited in epochs of 4 steps, 8 of them, at the
+    design's own learning rate; the fixed-batch world, which asks what a Poisson sampler does, is not its."""
+    ftrl = ImplementationInfo(name="ftrl", library="numpy", correlated_noise=True, amplified=False, sampler="epochs")
+    audits = gate_audits([ftrl])
+    assert "fixed_batch" not in applicable_worlds(ftrl) and "fixed_batch" in applicable_worlds(PRIVATE)
+    assert not any(a.world == "fixed_batch" for a in audits)
+    (every_update,) = [a for a in audits if a.every_update]
+    config = every_update.config("quick", {}, one_run=None)
+    hp = config.hyperparameters
+    assert (hp.sampling_rate, hp.epochs, hp.steps) == (0.25, 8, 32) and hp.noise_multiplier is None
+    assert (hp.target_epsilon, hp.learning_rate) == (EVERY_UPDATE_EPOCHS_SETTING["epsilon"], EVERY_UPDATE_EPOCHS_SETTING["learning_rate"])
+    assert (config.canaries.m, config.pooled_runs) == (500 * 16, 16)
 
 
 @pytest.mark.parametrize(

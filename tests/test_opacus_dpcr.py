@@ -105,6 +105,17 @@ def test_the_two_claims_of_one_run():
     assert tree_mu / gdp_mu(accounted) == pytest.approx(math.sqrt(per_tree / (tree * (TREE_ORDER + 1))), rel=1e-9)
 
 
+def test_a_dataset_of_fewer_than_one_over_q_records_trains_with_the_designated_normaliser():
+    """The realised-batch world's D, one record at q = 1/2: Opacus' own expected batch size int(N·q) is 0, which
+    DPCROptimizer divides by when DPCREngine.make_private builds it (ZeroDivisionError); the trainer builds it
+    once the designated normaliser is set, and the noise is that normaliser's (σ·C·lr/B·√(k+1) with B = 1)."""
+    from tests.updates import dirac_request
+
+    request = dirac_request(records=1, sampling_rate=0.5, epochs=2, noise_multiplier=1.0, expected_batch_size=1.0)
+    trained = _implementation("opacus-dpcr-tree").train(request)
+    assert np.all(np.isfinite(trained.predict_log_proba(request.features)))
+
+
 def test_every_dpcr_path_gets_the_full_batch_every_update_audit():
     from dpverify.gate import gate_audits
 

@@ -411,7 +411,8 @@ class World:
     ``normaliser``: ``"designated"`` (the audit designates a public normaliser for both datasets) or
     ``"batch_size"`` (the batch size of fixed batches, q·|D′|: an API that divides by its own batch size takes
     it as it is). ``needs``: the :class:`~dpverify.contract.ImplementationInfo` flags an implementation
-    expected private must set to get it (the microbatch world: ``microbatches``). ``once_per_sampler``: its
+    expected private must set to get it (the microbatch world: ``microbatches``; the fixed-batch world:
+    ``amplified``). ``once_per_sampler``: its
     question is the sampler's alone, so the gate runs it once per
     :attr:`~dpverify.contract.ImplementationInfo.sampler`. ``full_batch_blind``: a one-run audit at q = 1 cannot
     see its rows, so an implementation of one gets this world in place of that audit. ``records_multiple``:
@@ -491,7 +492,9 @@ def world_names() -> tuple[str, ...]:
 # The worst-case record also exposes classes 1-5, but those are D1/D2 bugs the one-run audit already catches,
 # so it is not run on them again. Shuffled fixed-size batches (class 9) at q = 1 are one batch of the whole
 # dataset, the same mechanism as Poisson sampling at q = 1, so the one-run audit there would repeat its
-# Poisson twin's: the fixed-batch world is full-batch blind.
+# Poisson twin's: the fixed-batch world is full-batch blind. It asks whether a claim's amplification by sampling
+# holds, so it needs one (ImplementationInfo.amplified): DP-FTRL's epochs of fixed batches are what its
+# unamplified claim counts, and there it could only be undecided (a claim of ε 22 at the world's σ and q).
 register_world(World(
     name="dataset_size", maker=dataset_size_worlds, bugs=(7,),
     quick_setting=dict(runs=50, records=2, outputs=1024, noise_multiplier=2.0, sampling_rate=1.0, epochs=1, learning_rate=1.0),
@@ -505,7 +508,8 @@ register_world(World(
 register_world(World(
     name="fixed_batch", maker=fixed_batch_worlds, bugs=(9,),
     quick_setting=dict(runs=160, records=79, outputs=2, noise_multiplier=0.8, sampling_rate=0.1, epochs=2, learning_rate=2e-3),
-    normaliser="batch_size", once_per_sampler=True, full_batch_blind=True, outputs=2, designates_sigma=True,
+    normaliser="batch_size", needs=("amplified",), once_per_sampler=True, full_batch_blind=True, outputs=2,
+    designates_sigma=True,
     reads=(
         "this world's score reads each released update along the canary's direction against the batches the "
         "sampler forms: it reads the batch sampler, not the noise. It catches fixed-size batches of a shuffled "

@@ -162,16 +162,20 @@ def correlated_release(claim: Any) -> CorrelatedRelease:
     The event must be n self-composed Gaussians of σ, Poisson-sampled at rate q or not, over the T steps of
     its structure C (b bands: the largest lag with a non-zero entry, plus one), read as one of:
 
-    - n = ⌈T/b⌉ with b > 1 (BandMF's cyclic Poisson: ``amplified_bandmf_event``), any q: see below.
+    - n = k·⌈T/b⌉ with b > 1, any q when k = 1 (BandMF's cyclic Poisson: ``amplified_bandmf_event``), q = 1
+      when the event states k > 1 Gaussians per participation as
+      ``SelfComposedDpEvent(SelfComposedDpEvent(GaussianDpEvent(σ), k), ⌈T/b⌉)`` (DP-FTRL restarted every b
+      steps: a record once an epoch, each time in the k = ⌊log₂b⌋ + 1 nodes its accountant counts): see below.
     - any other n at q = 1 (a full batch: every record in every step): one Gaussian mechanism of μ = √n/σ on the
       whitened updates Cy = CG + τZ, of sensitivity Δ₁ = the largest ‖CG‖_F over one record's gradients of
       norm at most 1 at every step (:func:`~dpverify.stats.correlated.min_separation_sensitivity` at
       separation 1, ‖C·1‖ when CᵀC ≥ 0 entrywise); τ = σΔ₁/√n.
-    - cyclic (n = ⌈T/b⌉, b > 1): a record in one of b phases,
-      at most n participations b or more steps apart, whose columns of C are orthogonal. The event's σ is
-      for a strategy of largest column norm 1 (its docstring), so τ = σ·max_i ‖Ce_i‖ (σ·‖coef‖ for BandMF's
-      Toeplitz C, the plan's stddev). Each participation's whitened part is then an independent Gaussian of
-      signal at most 1/σ, so q < 1 is the event's Poisson-subsampled Gaussian exactly.
+    - cyclic (n = k·⌈T/b⌉, b > 1): a record in one of b phases,
+      at most ⌈T/b⌉ participations b or more steps apart, whose columns of C are orthogonal. Each
+      participation is k Gaussians of σ, one of μ = √k/σ, claimed for the worst step: τ = σ·max_i ‖Ce_i‖/√k
+      (σ·‖coef‖ for BandMF's Toeplitz C, the plan's stddev, whose event's σ is for a strategy of largest
+      column norm 1). Each participation's whitened part is then an independent Gaussian of signal at most
+      √k/σ, so q < 1 (k = 1) is the event's Poisson-subsampled Gaussian exactly.
     - n = T with b = 1 (independent noise, C diagonal), any q: DP-SGD's, τ = σΔ₁/√n.
 
     Any other event is a ``ValueError`` with the reason: a sampled event at every step of a banded strategy
@@ -181,11 +185,12 @@ def correlated_release(claim: Any) -> CorrelatedRelease:
     from dpverify.stats.correlated import bandwidth, min_separation_sensitivity
 
     sigma, rate, compositions = _dpsgd(claim.dp_event)
+    per_participation = _per_participation(claim.dp_event)
     if sigma <= 0:
         raise ValueError(f"the claimed event adds no noise (noise multiplier {sigma:g}): nothing to decorrelate")
     structure = claim.noise_structure
     steps, bands = structure.steps, bandwidth(structure)
-    if bands > 1 and compositions == -(-steps // bands):
+    if bands > 1 and compositions == per_participation * -(-steps // bands) and (per_participation == 1 or rate == 1):
         cycle = bands
     elif rate == 1 or (bands == 1 and compositions == steps):
         cycle = 1
@@ -199,8 +204,8 @@ def correlated_release(claim: Any) -> CorrelatedRelease:
         )
     if cycle == 1:
         tau = sigma * min_separation_sensitivity(structure, min_separation=1) / math.sqrt(compositions)
-    else:  # each participation a Gaussian of σ for the largest column norm (the event's unit)
-        tau = sigma * float(np.linalg.norm(structure.strategy, axis=0).max())
+    else:  # each participation k Gaussians of σ for the largest column norm (the event's unit)
+        tau = sigma * float(np.linalg.norm(structure.strategy, axis=0).max()) / math.sqrt(per_participation)
     return CorrelatedRelease(structure=structure, noise_stddev=tau, cycle=cycle, sampling_rate=rate)
 
 
@@ -211,6 +216,17 @@ def _installed_version() -> str:
         return metadata.version("dp-accounting")
     except metadata.PackageNotFoundError:
         return "(this release)"
+
+
+def _per_participation(event: Any) -> int:
+    """k, the Gaussians of one participation, where the event states its participations as a self-composition
+    of self-composed Gaussians (``SelfComposedDpEvent(SelfComposedDpEvent(GaussianDpEvent(σ), k), n)``); 1
+    for any other event."""
+    import dp_accounting
+
+    if isinstance(event, dp_accounting.SelfComposedDpEvent) and isinstance(event.event, dp_accounting.SelfComposedDpEvent):
+        return _dpsgd(event.event)[2]
+    return 1
 
 
 def _dpsgd(event: Any) -> tuple[float, float, int]:

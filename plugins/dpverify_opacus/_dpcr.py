@@ -78,6 +78,7 @@ def train_dpcr(request: TrainingRequest, *, name: str, claim: str = "accountant"
     """Train the designated MLP with ``DPCREngine`` and the binary tree, hand over every update, and state
     ``claim`` (:data:`CLAIMS`); ``tweak`` (:data:`TWEAKS`) changes the library's code path."""
     import dpcrpy
+    from opacus import PrivacyEngine
     from opacus_dpcr import DPCREngine
     from opacus_dpcr.dpcrOptimizer import DPCROptimizer
 
@@ -102,7 +103,11 @@ def train_dpcr(request: TrainingRequest, *, name: str, claim: str = "accountant"
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         engine = DPCREngine(accountant="rdp", dpcrGenerator=generator)
-        module, optimizer, dp_loader = engine.make_private(
+        # DPCREngine.make_private's three steps (Opacus' make_private, the accountant's hook, DPCROptimizer), with
+        # the designated normaliser set before DPCROptimizer scales its noise by it: built inside make_private,
+        # it divides by Opacus' own int(N·q), zero for a dataset of fewer than 1/q records (ZeroDivisionError).
+        module, dp_optimizer, dp_loader = PrivacyEngine.make_private(
+            engine,
             module=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=hp.learning_rate),
             data_loader=loader,
@@ -110,9 +115,10 @@ def train_dpcr(request: TrainingRequest, *, name: str, claim: str = "accountant"
             max_grad_norm=hp.max_grad_norm,
             poisson_sampling=True,
         )
-    if hp.expected_batch_size is not None:  # the designated normaliser, before DPCROptimizer scales its noise by it
-        optimizer.optimizer.expected_batch_size = hp.expected_batch_size
-        optimizer = DPCROptimizer(optimizer.optimizer, engine.dpcrGenerator)
+        dp_optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=dp_loader.sample_rate))
+    if hp.expected_batch_size is not None:
+        dp_optimizer.expected_batch_size = hp.expected_batch_size
+    optimizer = DPCROptimizer(dp_optimizer, engine.dpcrGenerator)
     if tweak == "unscaled_noise":
         for mechanism in optimizer.noiMeches:
             mix_into(mechanism, _ignoring_sensitivity)

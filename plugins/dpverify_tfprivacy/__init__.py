@@ -165,12 +165,12 @@ class TFPrivacyFTRL(Implementation):
 
 _FTRL_NOTES = (
     "tensorflow_privacy.DPFTRLTreeAggregationOptimizer (SGD over TreeResidualSumQuery, the efficient tree), "
-    "num_microbatches=None, restart_period = P = 1/q: no sampling, each epoch a fresh shuffle split into P "
-    "batches, so a record is in exactly one step an epoch, the tree restarted every epoch. The Keras optimizer "
+    "num_microbatches=None, restart_period = P = 1/q: no sampling, one shuffle split into P batches, the same "
+    "batches in the same order every epoch, so a record is in exactly one step an epoch, the tree restarted every epoch. The Keras optimizer "
     "keeps the tree's state in a Python attribute, which a traced step cannot carry across calls, so the step "
     "is traced with that state as its input and output. Normaliser: the learning rate scaled by the batch over the designated normaliser, as for "
     "tf-privacy-keras. Claim: ε from compute_rdp_tree_restart(σ, [P, ...]) (RDP, add/remove), stated as the "
-    "nodes the accountant counts, SelfComposedDpEvent(GaussianDpEvent(σ), D) with D = Σ_epochs (⌊log₂P⌋ + 1) "
+    "nodes the accountant counts, SelfComposedDpEvent(SelfComposedDpEvent(GaussianDpEvent(σ), ⌊log₂P⌋ + 1), epochs) "
     "(no sampling: the event is not amplified), and the tree's "
     "noise structure (NoiseStructure.tree_aggregation(steps, restart_period=P))."
 )
@@ -186,23 +186,26 @@ _FTRL_VARIANTS = (
      "The tree's node noise must be σ·C for the accountant's sensitivity over every epoch; it is scaled "
      "for one epoch's tree, σ·C/√epochs.",
      "The optimizer is given the noise multiplier σ/√epochs (the sensitivity of one epoch's tree) while the "
-     "accountant counts every epoch at σ. D3, not D2, although the noise is √epochs too small: the gate's "
-     "every-update audit (σ = 1, q = 0.1) cannot refute DP-FTRL's unamplified claim there (ε 41.6) whatever the "
-     "noise; the one-run audit at full batch refutes it."),
+     "accountant counts every epoch at σ."),
 )
 
 
 def _ftrl_variant(name: str, step: str, bug: int, detectability: str, breaks: str, how: str) -> TFPrivacyFTRL:
     info = ImplementationInfo(
         name=name, expected="violation", breaks=breaks, bug=bug, detectability=detectability,
-        notes=f"{how} The claim is the correct run's. {_FTRL_NOTES}", sampler=FTRL_SAMPLER, **_FTRL_LIBRARY,
+        notes=f"{how} The claim is the correct run's. {_FTRL_NOTES}", sampler=FTRL_SAMPLER, **_FTRL_SHARED,
     )  # fmt: skip
     return TFPrivacyFTRL(info, step)
 
 
-#: What draws DP-FTRL's batches: an epoch's shuffle split into 1/q batches (:func:`._ftrl.epoch_batches`).
+#: What draws DP-FTRL's batches: one shuffle split into 1/q batches, the same every epoch (:func:`._ftrl.epoch_batches`).
 FTRL_SAMPLER = "dpverify_tfprivacy.epoch_batches"
-_FTRL_LIBRARY = dict(library="tensorflow-privacy", requires=("tensorflow", "tensorflow_privacy"), extra="tf-privacy")
+#: What every DP-FTRL path shares: the library, and a claim of correlated noise that no sampling amplifies (its
+#: every-update audit designates epochs of several steps, config.EVERY_UPDATE_EPOCHS_SETTING).
+_FTRL_SHARED = dict(
+    library="tensorflow-privacy", requires=("tensorflow", "tensorflow_privacy"), extra="tf-privacy",
+    correlated_noise=True, amplified=False,
+)
 
 
 #: What each docs/bugs.md class breaks, whichever path carries it.
@@ -353,5 +356,5 @@ def implementations() -> list[Implementation]:
             "correct",
             fixed_batches=True,
         ),
-        TFPrivacyFTRL(ImplementationInfo(name="tf-privacy-ftrl", notes=_FTRL_NOTES, sampler=FTRL_SAMPLER, **_FTRL_LIBRARY)),
+        TFPrivacyFTRL(ImplementationInfo(name="tf-privacy-ftrl", notes=_FTRL_NOTES, sampler=FTRL_SAMPLER, **_FTRL_SHARED)),
     ] + [_ftrl_variant(*row) for row in _FTRL_VARIANTS]

@@ -1,21 +1,25 @@
 """TF-Privacy's DP-FTRL: ``DPFTRLTreeAggregationOptimizer`` with its tree restarted every epoch, and its
 accountant ``compute_rdp_tree_restart`` (imports tensorflow).
 
-DP-FTRL trains without sampling: each epoch passes over the data once, in P = 1/q batches (the request's
-sampling rate q names the epoch's length; 1/q must be a whole number), so a record takes part in exactly
-one step an epoch, what the accountant assumes. Each epoch's order is a fresh shuffle split into P batches
-of sizes within one of each other (numpy, from the run's sampling seed). The optimizer's tree
-(``TreeResidualSumQuery``, the efficient tree) restarts every P steps (``restart_period=P``), and
-``compute_rdp_tree_restart(σ, [P, P, ...])`` counts ⌊log₂P⌋ + 1 nodes per epoch. At q = 1 an epoch is one
-full-batch step, the tree one leaf, and the noise independent: DP-SGD at q = 1 through the FTRL code.
+DP-FTRL trains without sampling or shuffling (Kairouz et al., 2021): each epoch passes over the data once, in
+P = 1/q batches (the request's sampling rate q names the epoch's length; 1/q must be a whole number), so a
+record takes part in exactly one step an epoch, what the accountant assumes. The order is fixed: one
+permutation of the records (numpy, from the run's sampling seed) split into P batches of sizes within one of
+each other, the same batches in the same order every epoch, so a record takes part at one place of every
+epoch. The optimizer's tree (``TreeResidualSumQuery``, the efficient tree) restarts every P steps
+(``restart_period=P``), and ``compute_rdp_tree_restart(σ, [P, P, ...])`` counts ⌊log₂P⌋ + 1 nodes per epoch.
+At q = 1 an epoch is one full-batch step, the tree one leaf, and the noise independent: DP-SGD at q = 1
+through the FTRL code.
 
 The claim: ε from that RDP (dp_accounting's RDP-to-(ε, δ) conversion over TF-Privacy's orders), and the
-mechanism the accountant's proof counts, D = Σ_epochs (⌊log₂P⌋ + 1) tree nodes a record touches, each a
-Gaussian of sensitivity 1 and noise σ: ``SelfComposedDpEvent(GaussianDpEvent(σ), D)``, whose RDP is the
-accountant's exactly; beside it the tree's ``NoiseStructure.tree_aggregation``. The event samples nothing
-(DP-FTRL claims no amplification), whatever q named the epoch. It counts more nodes than the updates show,
-and the every-update audit does not know each record's step, so its score reaches about half of the claimed
-μ at q = 0.1 (benchmarks/results/tf-privacy-ftrl.md).
+mechanism the accountant's proof counts: each epoch a participation of ⌊log₂P⌋ + 1 tree nodes, each a Gaussian
+of sensitivity 1 and noise σ, ``SelfComposedDpEvent(SelfComposedDpEvent(GaussianDpEvent(σ), ⌊log₂P⌋ + 1),
+epochs)`` (flat, D = Σ_epochs (⌊log₂P⌋ + 1) Gaussians, where a last, shorter epoch has another depth), whose
+RDP is the accountant's exactly; beside it the tree's ``NoiseStructure.tree_aggregation``. The event samples
+nothing (DP-FTRL claims no amplification), whatever q named the epoch. Read as one participation an epoch
+(:func:`dpverify.stats.events.correlated_release`), the every-update audit scores each canary at each of the
+P places it may hold, whitened by the claimed tree; the updates show less than the nodes counted, so a
+correct run reaches about 0.8 of the claimed μ there (benchmarks/results/tf-privacy-ftrl.md).
 
 The Keras optimizer keeps the tree's state in a Python attribute (``self._global_state``), which a traced
 step cannot carry from one call to the next (a second call of a ``tf.function`` step that only calls
@@ -109,27 +113,28 @@ def calibrate_noise_multiplier(target_epsilon: float, epochs: tuple[int, ...], d
 def claim(noise_multiplier: float, *, steps: int, period: int, delta: float) -> PrivacyClaim:
     """The accountant's claim for ``steps`` steps with the tree restarted every ``period`` (module docstring)."""
     epochs = tuple(tree_epochs(steps, period))
-    depths = sum(math.floor(math.log2(p)) + 1 for p in epochs)
+    depths = [math.floor(math.log2(p)) + 1 for p in epochs]
+    node = dp_accounting.GaussianDpEvent(noise_multiplier)
+    if len(set(depths)) == 1:  # one participation an epoch, each of its tree's depth in nodes
+        event = dp_accounting.SelfComposedDpEvent(dp_accounting.SelfComposedDpEvent(node, depths[0]), len(epochs))
+    else:
+        event = dp_accounting.SelfComposedDpEvent(node, sum(depths))
     return PrivacyClaim(
         epsilon=tree_epsilon(noise_multiplier, epochs, delta),
         delta=delta,
         accountant=ACCOUNTANT,
-        dp_event=dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise_multiplier), depths),
+        dp_event=event,
         noise_structure=NoiseStructure.tree_aggregation(steps=steps, restart_period=period),
     )
 
 
 def epoch_batches(num_records: int, period: int, steps: int, seed: int) -> Iterator[np.ndarray]:
-    """Exactly ``steps`` batches of record indices (int32): each epoch a fresh permutation split into
-    ``period`` batches whose sizes differ by at most one (empty where there are fewer records than steps)."""
-    rng = np.random.default_rng(seed)
-    taken = 0
-    while taken < steps:
-        for batch in np.array_split(rng.permutation(num_records).astype(np.int32), period):
-            if taken == steps:
-                return
-            yield batch
-            taken += 1
+    """Exactly ``steps`` batches of record indices (int32): one permutation of the records split into
+    ``period`` batches whose sizes differ by at most one (empty where there are fewer records than steps),
+    the same batches in the same order every epoch (DP-FTRL's fixed order)."""
+    batches = np.array_split(np.random.default_rng(seed).permutation(num_records).astype(np.int32), period)
+    for taken in range(steps):
+        yield batches[taken % period]
 
 
 def make_optimizer(step: str, model: tf.keras.Model, *, noise_multiplier: float, period: int, epochs: int, **common):
