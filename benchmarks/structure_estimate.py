@@ -75,11 +75,14 @@ def audit(name: str, seed: int, path: Path) -> None:
 def row(name: str, seed: int, reports: Path) -> str:
     path = reports / f"{name}-{seed}.json"
     if not path.exists():
-        command = [sys.executable, __file__, "--one", name, str(seed), "--reports", str(reports)]
+        # -P: not this folder first on the path, where benchmarks/opacus_dpcr.py would shadow the opacus_dpcr package
+        command = [sys.executable, "-P", __file__, "--one", name, str(seed), "--reports", str(reports)]
         subprocess.run(command, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if not path.exists():
         return f"| {name} | {seed} | - | failed | - | - | - | - | - |"
     r = json.loads(path.read_text())
+    if r["error"]:
+        return f"| {name} | {seed} | {r['expected']} | {r['verdict']}: {r['error'].splitlines()[0]} | - | - | - | - | {r['cpu']:.0f} |"
     fits = r["fits"]
     rho = "-" if r["rho"] is None else f"{r['rho']:.2f}"
     return (
