@@ -23,7 +23,9 @@ from dpverify.stats.correlated import (
     estimated_structure,
     min_separation_sensitivity,
     optimal_max_error_coefficients,
+    scoring_structure,
     sensitivity,
+    structure_fit,
     tree_restart_claimed_mu,
     whitened_statistic,
 )
@@ -219,6 +221,71 @@ def test_the_estimated_structure_scores_like_the_stated_one():
     # the plug-in's variance is about 1 + T/K: allow that beside the sampling error
     assert abs(plugged[member == 0].var() - 1.0) <= Z * math.sqrt(2 / HALF) + 2 * structure.steps / untouched_count
     assert _within((plugged[member == 1] - mu[member == 1]).mean(), 0.0, se + mu.mean() * structure.steps / untouched_count)
+
+
+def _noise(structure: NoiseStructure, tau: float, coordinates: int, rng) -> np.ndarray:
+    """(coordinates, T) series of the noise τC⁻¹Z, as untouched coordinates release it."""
+    return tau * rng.standard_normal((coordinates, structure.steps)) @ np.linalg.inv(structure.strategy).T
+
+
+def test_the_structure_fit_keeps_its_level_on_the_stated_noise():
+    """400 fits of 64 series over 16 steps (K = 4T, where the uncorrected χ² rejects 4 times too often at 5 %):
+    the count below 0.05 is Binomial(400, 0.05), 20 ± 4.4, and below 0.5 Binomial(400, 0.5), 200 ± 10; each is
+    allowed 5 s.e."""
+    rng = np.random.default_rng(5)
+    structure = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(2), steps=16)
+    p = np.array([structure_fit(_noise(structure, 1.5, 64, rng), structure=structure, noise_stddev=1.5).p_value for _ in range(400)])
+    assert np.sum(p < 0.05) <= 20 + Z * math.sqrt(400 * 0.05 * 0.95)
+    assert _within(np.sum(p < 0.5), 200, math.sqrt(400 * 0.25))
+
+
+def test_the_structure_fit_refutes_another_strategy_or_scale():
+    rng = np.random.default_rng(6)
+    stated = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(2), steps=16)
+    unbanded = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(16), steps=16)
+    assert structure_fit(_noise(unbanded, 1.5, 400, rng), structure=stated, noise_stddev=1.5).p_value < 1e-6
+    assert structure_fit(_noise(stated, 1.2, 400, rng), structure=stated, noise_stddev=1.5).p_value < 1e-6
+    repeated = _noise(stated, 1.5, 400, rng)
+    repeated[:, 12:] = repeated[:, [11]]  # a noise stream that repeats its step 11 (no noise in the differences)
+    fit = structure_fit(repeated, structure=stated, noise_stddev=1.5)
+    assert fit.statistic == math.inf and fit.p_value == 0 and fit.degrees_of_freedom == 16 * 17 // 2
+
+
+def test_the_audit_scores_by_the_stated_structure_unless_the_untouched_noise_refutes_it():
+    """The stated structure and τ while the untouched noise fits them or is too scarce to estimate from (K < 4T);
+    else the estimate, which whitens the noise as it is: Ĉ Σ Ĉᵀ ≈ I (K = 2000, entries within 0.15)."""
+    rng = np.random.default_rng(7)
+    stated = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(2), steps=16)
+    unbanded = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(16), steps=16)
+    assert scoring_structure(_noise(stated, 1.5, 2000, rng), stated=stated, noise_stddev=1.5) == (stated, 1.5)
+    assert scoring_structure(_noise(unbanded, 1.5, 63, rng), stated=stated, noise_stddev=1.5) == (stated, 1.5)
+    estimate, tau = scoring_structure(_noise(unbanded, 1.5, 2000, rng), stated=stated, noise_stddev=1.5)
+    inverse = 1.5 * np.linalg.inv(unbanded.strategy)
+    assert tau == 1.0 and estimate != stated
+    np.testing.assert_allclose(estimate.strategy @ inverse @ inverse.T @ estimate.strategy.T, np.eye(16), atol=0.15)
+
+
+def test_the_estimate_reads_noise_that_repeats_itself_without_noise():
+    """A noise stream that repeats step 11's noise from then on (JAX-Privacy 2.0.0's dense privatizer past its
+    noising matrix's rows) refutes the stated structure; the floored estimate scores a member whose gradient
+    differs between the repeated steps by 0.01 clip norms far above every non-member."""
+    rng = np.random.default_rng(8)
+    stated = NoiseStructure.banded_toeplitz(optimal_max_error_coefficients(2), steps=16)
+
+    def repeating(count):
+        noise = _noise(stated, 1.5, count, rng)
+        noise[:, 12:] = noise[:, [11]]
+        return noise
+
+    estimate, tau = scoring_structure(repeating(2000), stated=stated, noise_stddev=1.5)
+    gradients = np.ones((400, 16))
+    gradients[:, 12:] = 1.01
+    member = np.arange(400) < 200
+    released = member[:, None] * gradients + repeating(400)
+    z = whitened_statistic(released, gradients, structure=estimate, noise_stddev=tau)
+    assert z[member].min() > z[~member].max()
+    stated_z = whitened_statistic(released, gradients, structure=stated, noise_stddev=1.5)
+    assert stated_z[member].min() < stated_z[~member].max()  # the stated structure's score does not see it
 
 
 def test_the_tree_structure_whitens_tf_privacys_residual_noise():

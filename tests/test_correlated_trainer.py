@@ -67,8 +67,8 @@ def test_the_trainer_passes_the_conformance_suite_and_hands_over_every_update():
 
 @pytest.mark.slow
 def test_the_trainer_as_written_passes_its_every_update_audit():
-    """A true claim is refuted with probability at most 1 − CONFIDENCE = 1 % (the score is fixed by the claim,
-    so the test keeps its level); it passed on 5 of 5 seeds, its scores reaching μ 0.92–0.99 of the claimed 1
+    """A true claim is refuted with probability at most 1 − CONFIDENCE = 1 % (the score reads the release, not
+    the bits, so the test keeps its level); it passed on 5 of 5 seeds, its scores reaching μ 0.92–0.99 of the claimed 1
     (benchmarks/results/correlated-trainer.md)."""
     result = run_audit(bandmf(), audit_config(seed=0))
     assert result.verdict == "pass", result.summary()
@@ -89,8 +89,9 @@ def test_each_bug_of_the_trainer_is_refuted(bug):
 
 @pytest.mark.slow
 def test_noise_that_does_not_match_the_structure_but_is_more_private_is_not_refuted():
-    """The stated structure designs the score, it is not itself the claim: independent noise of the claimed
-    per-step variance gives less than the claim (μ 0.59 of 1) and is refuted with probability at most 1 %. It
+    """The stated structure is not itself the claim: independent noise of the claimed per-step variance (which its
+    untouched noise shows, so the score whitens by that) gives less than the claim (μ 0.59 of 1) and is refuted
+    with probability at most 1 %. It
     passes, or is undecided where the power check finds its canaries carried under half the claimed signal
     (their μ reached 0.51–0.57 of the claimed 1: benchmarks/results/correlated-trainer.md)."""
     result = run_audit(bandmf("more-private"), audit_config(seed=0))

@@ -18,7 +18,12 @@ from tests.updates import applied_batches, dirac_request, observed
 
 pytest.importorskip("jax_privacy", reason="needs JAX-Privacy, which has its own environment: see the README")
 
-from dpverify.stats.correlated import min_separation_sensitivity  # noqa: E402
+from dpverify.stats.correlated import (  # noqa: E402
+    STRUCTURE_FIT_LEVEL,
+    min_separation_sensitivity,
+    scoring_structure,
+    structure_fit,
+)
 from dpverify.stats.events import correlated_release  # noqa: E402
 from dpverify_jaxprivacy import _matrix_factorization as dense_mf  # noqa: E402
 
@@ -77,6 +82,7 @@ def test_the_noise_whitened_by_the_claimed_strategy_is_white_with_the_claims_tau
     assert tau == pytest.approx(min_separation_sensitivity(structure, min_separation=1), rel=1e-5)
     whitened = noise @ structure.strategy.T / tau
     np.testing.assert_allclose(whitened.T @ whitened / whitened.shape[0], np.eye(8), atol=0.2)
+    assert scoring_structure(noise, stated=structure, noise_stddev=tau) == (structure, tau)  # fails w.p. 10⁻³
 
 
 def test_the_single_participation_variant_adds_the_noise_of_one_participation():
@@ -100,6 +106,7 @@ def test_the_mismatched_variant_draws_noise_another_strategy_correlates():
     covariance = whitened.T @ whitened / whitened.shape[0]
     np.testing.assert_allclose(covariance, mixing @ mixing.T, atol=0.2)
     assert np.abs(mixing @ mixing.T - np.eye(8)).max() > 0.3  # 0.4: farther from white than the tolerance
+    assert structure_fit(noise, structure=structure, noise_stddev=tau).p_value < STRUCTURE_FIT_LEVEL  # scored as it is
 
 
 def test_release_2_0_0s_dense_privatizer_repeats_its_last_row_past_the_noising_matrix():

@@ -27,7 +27,8 @@ def _softmax_columns(weight, bias, scale):
 def test_the_updates_read_back_each_canarys_sampled_clipped_gradient_and_noise_exactly():
     """A DP-SGD of softmax regression written out in float64 with its draws kept: the reader's (c_t, s_t)
     are the canary's clipped column norm and 1{sampled}·c_t + σ·(u_t·Z_t), u_t its clipped direction; its
-    columns are the clipped column gradient and the released noisy column sum, in clip norms."""
+    columns are the clipped column gradient and the released noisy column sum, in clip norms; the column's part
+    along 1/√classes is the noise's alone, σ·(1·Z_t)/√classes, members' and non-members' alike."""
     rng = np.random.default_rng(0)
     m, extra, classes, scale, clip, lr, sigma, q, steps = 12, 3, 4, 100.0, 0.5, 2.0, 0.8, 0.5, 6
     labels = rng.integers(0, classes, size=m)
@@ -39,6 +40,7 @@ def test_the_updates_read_back_each_canarys_sampled_clipped_gradient_and_noise_e
     reader(0, (weight.astype(np.float32), bias.astype(np.float32)))
     expected_c, expected_s = np.zeros((m, steps)), np.zeros((m, steps))
     expected_g, expected_y = np.zeros((m, steps, classes)), np.zeros((m, steps, classes))
+    expected_untouched = np.zeros((m, steps))
     for t in range(steps):
         residual = _softmax_columns(weight[:, :m], bias, scale)
         residual[labels, np.arange(m)] -= 1.0
@@ -54,6 +56,7 @@ def test_the_updates_read_back_each_canarys_sampled_clipped_gradient_and_noise_e
         expected_c[:, t] = factor * scale * norm / clip
         expected_s[:, t] = sampled * expected_c[:, t] + sigma * np.einsum("kj,kj->j", direction, noise_w[:, :m])
         expected_g[:, t], expected_y[:, t] = (factor * scale * residual).T / clip, summed_w[:, :m].T / clip
+        expected_untouched[:, t] = sigma * noise_w[:, :m].sum(axis=0) / math.sqrt(classes)
         reader(t + 1, (weight, bias))
     signal, projection = reader.statistics()
     np.testing.assert_allclose(signal, expected_c, rtol=1e-9)
@@ -62,6 +65,7 @@ def test_the_updates_read_back_each_canarys_sampled_clipped_gradient_and_noise_e
     gradients, released = reader.columns()  # the whole columns, what correlated noise is decorrelated on
     np.testing.assert_allclose(gradients, expected_g, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(released, expected_y, atol=1e-5)
+    np.testing.assert_allclose(reader.untouched(), expected_untouched, atol=1e-5)
 
 
 def _reader(steps: int = 2) -> DiracUpdates:

@@ -13,6 +13,7 @@ import pytest
 
 import dpverify_jaxprivacy
 from dpverify.conformance import HANDS_OVER_EVERY_UPDATE, run_conformance, small_request
+from dpverify.stats.correlated import scoring_structure
 from dpverify.stats.events import correlated_release
 
 pytest.importorskip("jax_privacy", reason="needs JAX-Privacy, which has its own environment: see the README")
@@ -60,21 +61,29 @@ def test_the_claim_is_the_plans_amplified_event_with_its_banded_strategy():
 @pytest.mark.parametrize("fault, scale", [("correct", 1.0), ("one_participation", 1 / math.sqrt(STEPS // BANDS))])
 def test_the_privatizers_noise_has_the_covariance_the_claim_states(fault, scale):
     """Σ = τ²(CᵀC)⁻¹ with τ from the claim; 20000 coordinates estimate each entry within about 0.03τ²
-    (2 % relative s.e. on the diagonal): a tolerance of 0.1τ² is 5 s.e."""
+    (2 % relative s.e. on the diagonal): a tolerance of 0.1τ² is 5 s.e. The audit scores the correct plan by the
+    claim's structure and τ (its noise fits them: refuted with probability 10⁻³), the variant whose noise is
+    scaled for one participation by the structure its noise shows."""
     release = correlated_release(plan().claim)
     strategy, tau = release.structure.strategy, release.noise_stddev * scale
     expected = tau**2 * np.linalg.inv(strategy.T @ strategy)
     noise = released_noise(plan(fault))
     np.testing.assert_allclose(noise.T @ noise / noise.shape[0], expected, atol=0.1 * tau**2)
+    scored = scoring_structure(noise, stated=release.structure, noise_stddev=release.noise_stddev)
+    assert (scored == (release.structure, release.noise_stddev)) == (fault == "correct")
 
 
 def test_the_unbanded_variant_noises_with_another_strategy():
-    """Its covariance is the unbanded strategy's, off the claimed one by more than 10 s.e. somewhere."""
+    """Its covariance is the unbanded strategy's, off the claimed one by more than 10 s.e. somewhere; the audit
+    scores it by the structure its noise shows, which whitens it (each entry within 0.05 of white: 7 s.e.)."""
     release = correlated_release(plan().claim)
     strategy, tau = release.structure.strategy, release.noise_stddev
     noise = released_noise(plan("unbanded_noise"))
     gap = np.abs(noise.T @ noise / noise.shape[0] - tau**2 * np.linalg.inv(strategy.T @ strategy)).max()
     assert gap > 0.3 * tau**2
+    estimate, unit = scoring_structure(noise, stated=release.structure, noise_stddev=tau)
+    whitened = noise @ estimate.strategy.T / unit
+    np.testing.assert_allclose(whitened.T @ whitened / whitened.shape[0], np.eye(STEPS), atol=0.05)
 
 
 def test_records_take_part_in_their_group_only_unless_the_variant_samples_everywhere():
@@ -112,6 +121,7 @@ def audit_config(seed: int):
         ("jax-privacy-bandmf", "pass"),
         ("jax-privacy-bandmf-one-participation", "violation"),
         ("jax-privacy-bandmf-poisson-everywhere", "violation"),
+        ("jax-privacy-bandmf-unbanded-noise", "violation"),
     ],
 )
 def test_the_gates_every_update_audit(name, verdict):
@@ -119,7 +129,8 @@ def test_the_gates_every_update_audit(name, verdict):
     passed on 5 of 5 seeds, ρ 0.85-0.91, by the numpy ceiling its score reaches 0.92 of the claimed AUC-μ); the
     variant without the participations' scale (3.8× the claimed AUC-μ) and the one that samples everywhere
     (1.8×) were refuted on 5 of 5 seeds, curve p ≤ 1.6·10⁻⁴ (benchmarks/results/bandmf.md). The unbanded-noise
-    variant (D3) is not here: the stated strategy's score reaches 1.33× and missed it on 3 of 3 seeds."""
+    variant (D3), which the stated strategy's score missed (1.33×), is scored by the structure its untouched
+    noise shows and was refuted on 5 of 5 seeds (benchmarks/results/structure-estimate.md)."""
     from dpverify.audits import run_audit
 
     result = run_audit(implementation(name), audit_config(seed=0))

@@ -147,7 +147,7 @@ def test_the_librarys_own_claim_is_refuted_a_known_issue():
 
 @pytest.mark.slow
 def test_the_tree_claimed_as_the_mechanism_it_is_passes():
-    """A true claim is refuted with probability at most 1 − CONFIDENCE = 1 % (the score is fixed by the claim);
+    """A true claim is refuted with probability at most 1 − CONFIDENCE = 1 % (the score reads the release, not the bits);
     it passed on 5 of 5 seeds (benchmarks/results/opacus-dpcr.md)."""
     result = _audit("opacus-dpcr-tree", seed=0)
     assert result.verdict == "pass", result.summary()

@@ -209,8 +209,10 @@ def _decorrelated_scores(updates: DiracUpdates, trained: TrainedModel) -> np.nda
     strategy C with the τ its event states (:func:`~dpverify.stats.events.correlated_release`): μz − μ²/2 for
     a full batch, the Poisson-subsampled Gaussian's per participation when its event is sampled, mixed over
     the phases of cyclic participation (:func:`~dpverify.stats.correlated.cyclic_log_likelihood_ratio`).
-    The score is fixed by the claim before the run, so a true claim is refuted at most at the test's level
-    whatever the noise; noise correlated otherwise than stated changes only what the score reaches. A claim
+    Unless the noise no record touches refutes the stated structure (:meth:`DiracUpdates.untouched`): then the
+    structure that noise shows whitens instead (:func:`~dpverify.stats.correlated.scoring_structure`), so noise
+    correlated otherwise than stated is scored as it is. Either way the score reads the release and not the
+    secret bits, so a true claim is refuted at most at the test's level whatever the noise. A claim
     whose event states neither participation is not tested here (:class:`~dpverify.audits.training.ClaimNotTestable`)."""
     from dpverify.stats import correlated
     from dpverify.stats.events import correlated_release
@@ -226,7 +228,10 @@ def _decorrelated_scores(updates: DiracUpdates, trained: TrainedModel) -> np.nda
             device=trained.device,
         )
     gradients, released = updates.columns()
+    structure, noise_stddev = correlated.scoring_structure(
+        updates.untouched(), stated=structure, noise_stddev=release.noise_stddev
+    )
     return correlated.cyclic_log_likelihood_ratio(
-        released, gradients, structure=structure, noise_stddev=release.noise_stddev, cycle=release.cycle,
+        released, gradients, structure=structure, noise_stddev=noise_stddev, cycle=release.cycle,
         sampling_rate=release.sampling_rate,
     )

@@ -141,6 +141,20 @@ class DiracUpdates:
         self._check_complete()
         return self.gradients, self.released
 
+    def untouched(self) -> np.ndarray:
+        """(m, steps) in clip norms: every canary's released column summed over the classes, over √classes,
+        noise that no record touches (raises as :meth:`statistics`).
+
+        A softmax regression's cross-entropy gradient on column j is a·(p − e_y) for canary j and 0 for every
+        other record, and p − e_y sums to 0 over the classes; and a constant added to column j moves every
+        logit of an input by the same amount, which softmax ignores. So the column's part along the unit
+        vector 1/√C is never touched by a gradient nor fed back into one: it is one coordinate's noise series,
+        of the same law as every other coordinate's when the noise is i.i.d. across coordinates, for members
+        and non-members alike (reading it reads no secret). What
+        :func:`~dpverify.stats.correlated.scoring_structure` tests the stated structure on and estimates one from."""
+        self._check_complete()
+        return self.released.sum(axis=2) / math.sqrt(self.num_classes)
+
     def _check_complete(self) -> None:
         if self.fault is not None:
             raise UpdatesMissing(f"the trainer handed its updates over wrongly: {self.fault}")

@@ -51,6 +51,16 @@ import numpy as np
 from dpverify._validation import check_int, check_real
 from dpverify.stats.scoring import subsampled_gaussian_log_likelihood_ratio
 
+#: The level below which :func:`structure_fit` refutes the stated structure, and the audit scores by the
+#: estimated one instead (:func:`scoring_structure`). It is not the audit's level: either score keeps that.
+STRUCTURE_FIT_LEVEL = 1e-3
+#: The fewest untouched coordinates per step from which :func:`scoring_structure` estimates a structure: the
+#: plug-in score's variance is about 1 + T/K, so at K ≥ 4T it keeps at least 0.89 of the exact score's μ.
+UNTOUCHED_PER_STEP = 4
+#: The floor of the audit's estimate (:func:`estimated_structure`): noise 10⁻³ of its typical s.d. where the
+#: untouched coordinates show none, far below what any correct run's estimate resolves at K ≫ T.
+ESTIMATE_FLOOR = 1e-6
+
 __all__ = [
     "NoiseStructure",
     "bandmf_claimed_mu",
@@ -61,7 +71,13 @@ __all__ = [
     "estimated_structure",
     "min_separation_sensitivity",
     "optimal_max_error_coefficients",
+    "scoring_structure",
     "sensitivity",
+    "ESTIMATE_FLOOR",
+    "STRUCTURE_FIT_LEVEL",
+    "StructureFit",
+    "UNTOUCHED_PER_STEP",
+    "structure_fit",
     "tree_restart_claimed_mu",
     "whitened_statistic",
 ]
@@ -426,27 +442,97 @@ def cyclic_log_likelihood_ratio(
     return top + np.log(np.mean(np.exp(ratios - top), axis=0))
 
 
-def estimated_structure(untouched) -> NoiseStructure:
-    r"""The structure the noise itself shows in coordinates no record touches, for when none is stated.
+def estimated_structure(untouched, *, floor: float = 0.0) -> NoiseStructure:
+    r"""The structure the noise itself shows in coordinates no record touches (the audit scores by it when
+    the untouched noise refutes the stated one: :func:`scoring_structure`).
 
     ``untouched`` (K, T): the released update sequences of K coordinates that no record's gradient reaches,
     pure noise i.i.d. across coordinates with covariance Σ = τ²(CᵀC)⁻¹. The empirical Σ̂ = UᵀU/K (the mean
     is known to be 0) = M̂M̂ᵀ (Cholesky), and Ĉ = M̂⁻¹ whitens the updates to unit noise: score with
     ``noise_stddev=1``. The plug-in statistic is N(0, 1) only as K/T grows (its variance is about
-    1 + T/K), so give K ≫ T; K ≤ T leaves Σ̂ singular and raises."""
-    u = np.asarray(untouched, dtype=np.float64)
-    if u.ndim != 2:
-        raise ValueError(f"untouched must be (coordinates, steps), got shape {u.shape}")
+    1 + T/K), so give K ≫ T; K ≤ T leaves Σ̂ singular and raises. ``floor`` φ > 0 whitens by
+    Σ̂ + φ·(tr Σ̂/T)·I instead, which a combination of steps without noise (a noise stream that repeats
+    itself) leaves invertible: what the updates show there is then weighed at 1/√φ of their typical noise
+    rather than refused."""
+    floor = check_real("floor", floor, low=0.0)
+    u = _untouched_series(untouched)
     if u.shape[0] <= u.shape[1]:
         raise ValueError(
             f"estimating the noise's correlation over {u.shape[1]} steps needs more untouched coordinates than "
             f"steps, got {u.shape[0]} (give many more: the estimate's error scales as steps/coordinates)"
         )
-    if not np.all(np.isfinite(u)):
-        raise ValueError("untouched must be finite, got NaN or infinite values")
     covariance = u.T @ u / u.shape[0]
+    covariance += floor * np.trace(covariance) / u.shape[1] * np.eye(u.shape[1])
     try:
         cholesky = np.linalg.cholesky(covariance)
     except np.linalg.LinAlgError:
         raise ValueError("the untouched coordinates' noise is degenerate (its covariance is singular): is it noise?") from None
     return NoiseStructure(strategy=np.tril(np.linalg.inv(cholesky)))
+
+def _untouched_series(untouched, steps: int | None = None) -> np.ndarray:
+    u = np.asarray(untouched, dtype=np.float64)
+    if u.ndim != 2 or (steps is not None and u.shape[1] != steps):
+        expected = f"(coordinates, steps={steps})" if steps is not None else "(coordinates, steps)"
+        raise ValueError(f"untouched must be {expected}, got shape {u.shape}")
+    if not np.all(np.isfinite(u)):
+        raise ValueError("untouched must be finite, got NaN or infinite values")
+    return u
+
+
+@dataclass(frozen=True)
+class StructureFit:
+    r"""The likelihood-ratio test that K untouched coordinates' noise U (K × T) is the stated
+    y-noise τC⁻¹Z, i.e. i.i.d. rows of covariance Σ = τ²(CᵀC)⁻¹.
+
+    Whitened by the stated structure, W = U Cᵀ/τ has i.i.d. N(0, I_T) rows under the hypothesis. With
+    S = WᵀW/K (the mean is known to be 0), the likelihood ratio against any covariance is
+    Λ = K(tr S − log det S − T), and Bartlett's correction ρ = 1 − (2T² + 3T − 1)/(6K(T + 1)) makes ρΛ
+    χ² with ν = T(T + 1)/2 degrees of freedom to O(K⁻²) (Anderson, *An Introduction to Multivariate
+    Statistical Analysis*, §10.8, with K for n: the mean is known). ``statistic`` is ρΛ (∞ when S is
+    singular: some combination of the steps carries no noise), ``p_value`` its χ²_ν tail. Its power is
+    against any other covariance, in scale as well as in shape."""
+
+    statistic: float
+    degrees_of_freedom: int
+    p_value: float
+
+
+def structure_fit(untouched, *, structure: NoiseStructure, noise_stddev: float) -> StructureFit:
+    """:class:`StructureFit` of the untouched coordinates' noise (K × T) against the stated structure and τ."""
+    from scipy import stats
+
+    tau = check_real("noise_stddev", noise_stddev, low=0.0, low_open=True)
+    u = _untouched_series(untouched, structure.steps)
+    k, steps = u.shape
+    if k <= steps:
+        raise ValueError(f"testing the noise's covariance over {steps} steps needs more untouched coordinates than steps, got {k}")
+    whitened = u @ structure.strategy.T / tau
+    s = whitened.T @ whitened / k
+    sign, log_det = np.linalg.slogdet(s)
+    bartlett = 1 - (2 * steps**2 + 3 * steps - 1) / (6 * k * (steps + 1))
+    statistic = bartlett * k * (np.trace(s) - log_det - steps) if sign > 0 else math.inf
+    freedom = steps * (steps + 1) // 2
+    return StructureFit(float(statistic), freedom, float(stats.chi2.sf(statistic, freedom)))
+
+
+def scoring_structure(untouched, *, stated: NoiseStructure, noise_stddev: float) -> tuple[NoiseStructure, float]:
+    r"""``(structure, τ)`` the every-update score decorrelates by: the stated ones, unless the untouched
+    coordinates' noise refutes them (:func:`structure_fit` below :data:`STRUCTURE_FIT_LEVEL`) and they number
+    at least :data:`UNTOUCHED_PER_STEP` per step, then the structure the noise itself shows
+    (:func:`estimated_structure` with :data:`ESTIMATE_FLOOR`, τ = 1): where some combination of the steps
+    carries no noise (a noise stream that repeats itself), what the updates show there weighs ~1000 noise s.d.
+
+    Why one score at the audit's whole level, not two at half of it each: the audit's guarantee (UniAud's
+    bound on correct guesses, the curve test) holds for guesses made by *any* function of what the mechanism
+    released, so long as it does not read the secret bits. The untouched coordinates are part of the release
+    (and, in a Dirac design, carry no canary's gradient, members' and non-members' alike), so the score
+    chosen here, stated or estimated, is such a function whatever the noise: a true claim is refuted at
+    most at the audit's level. The estimate's error (the plug-in score's variance is about 1 + T/K) and a
+    correct run's rare switch (at this test's level) cost power only. Noise correlated otherwise than
+    stated is then scored as it is, whitened as the run's own perfect attacker would whiten it."""
+    u = _untouched_series(untouched, stated.steps)
+    if u.shape[0] < UNTOUCHED_PER_STEP * stated.steps:
+        return stated, noise_stddev
+    if structure_fit(u, structure=stated, noise_stddev=noise_stddev).p_value >= STRUCTURE_FIT_LEVEL:
+        return stated, noise_stddev
+    return estimated_structure(u, floor=ESTIMATE_FLOOR), 1.0

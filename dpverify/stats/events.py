@@ -180,8 +180,8 @@ def correlated_release(claim: Any) -> CorrelatedRelease:
 
     Any other event is a ``ValueError`` with the reason: a sampled event at every step of a banded strategy
     (its steps' whitened parts overlap), or n fitting neither participation. A full-batch claim that happens
-    to compose ⌈T/b⌉ Gaussians is read as cyclic: the score is still fixed by the claim, so the audit keeps
-    its level; only its power is the cyclic reading's."""
+    to compose ⌈T/b⌉ Gaussians is read as cyclic: the score still reads the release and not the secret bits,
+    so the audit keeps its level; only its power is the cyclic reading's."""
     from dpverify.stats.correlated import bandwidth, min_separation_sensitivity
 
     sigma, rate, compositions = _dpsgd(claim.dp_event)

@@ -29,11 +29,12 @@ The variants change one library call and keep the claim:
   out-of-bounds gather, so every step from ⌈T/2⌉ on gets row ⌈T/2⌉ − 1 again, and that row's noise
   ``Σ_j row_j · normal(fold_in(prng_key, j))`` is drawn from the same key every step
   (``_gaussian_linear_combination``): the same noise vector is added again, and the differences of those
-  updates carry no noise at all. jax_privacy PR #338 (after 2.0.0) makes it an ``IndexError``. The every-update
-  audit does not find it: its score, fixed by the claimed strategy, adds the repeated noise up over the later
-  steps (numpy ceiling: 0.20 of the claimed μ; measured ρ 0.11–0.22, undecided on 5 of 5 seeds), while the noiseless
-  differences it does not read separate members perfectly (benchmarks/results/dense-mf.md). So it is a tested
-  finding (tests/test_dense_mf.py), not a registered known issue the gate would report as undecided.
+  updates carry no noise at all. jax_privacy PR #338 (after 2.0.0) makes it an ``IndexError``. The claimed
+  strategy's score adds the repeated noise up over the later steps (numpy ceiling: 0.20 of the claimed μ; measured
+  ρ 0.11–0.22, undecided on 5 of 5 seeds: benchmarks/results/dense-mf.md); the every-update audit sees it because
+  the noise no record touches refutes the claimed structure, and the structure that noise shows reads the noiseless
+  differences (refuted on 5 of 5 seeds: benchmarks/results/structure-estimate.md). It is a tested finding
+  (tests/test_dense_mf.py), not registered: the gate's runs stay within their noising matrices' rows.
 
 This module imports neither jax nor jax_privacy until a run trains: listing implementations works without them.
 """
@@ -218,8 +219,8 @@ def _claim(sigma: float, delta: float, structure) -> PrivacyClaim:
 
 
 def implementations() -> list[Implementation]:
-    """``jax-privacy-dense-mf`` and its two variants. The ``short_noising`` run is not registered: the audit,
-    scoring by the claimed strategy, cannot see it (module docstring)."""
+    """``jax-privacy-dense-mf`` and its two variants. The ``short_noising`` run, a finding of the release, is not
+    registered (module docstring)."""
     correct = DenseMatrixFactorization(ImplementationInfo(name="jax-privacy-dense-mf", notes=_NOTES, **_LIBRARY))
     variants = [
         DenseMatrixFactorization(
