@@ -200,6 +200,18 @@ def test_correlated_noise_gets_its_every_update_audit_at_the_full_batch():
     assert audits[1].config("quick", {}, one_run=None).hyperparameters.sampling_rate == EVERY_UPDATE_SETTING["sampling_rate"]
 
 
+
+def test_a_correlated_noise_variant_gets_its_every_update_audit_in_place_of_its_one_run_audit():
+    """A variant of a correlated-noise row whose claim states its structure gets the audit that reads that
+    structure; one that states none (its every-update audit is DP-SGD's, at q < 1) keeps both, and with the
+    every-update audits off the one-run audit stays."""
+    stated = ImplementationInfo(name="mf-bug", library="numpy", expected="violation", breaks="a rule", bug=13, detectability="D2", correlated_noise=True)
+    unstated = ImplementationInfo(name="tree-bug", library="numpy", expected="violation", breaks="a rule", bug=16, detectability="D2")
+    correct = ImplementationInfo(name="mf", library="numpy", correlated_noise=True)
+    names = [a.test_name for a in gate_audits([correct, stated, unstated], worlds="none")]
+    assert names == ["dp-audit[mf]", "every-update[mf]", "every-update[mf-bug]", "dp-audit[tree-bug]", "every-update[tree-bug]"]
+    assert [a.test_name for a in gate_audits([stated], every_update=False)] == ["dp-audit[mf-bug]"]
+
 @pytest.mark.parametrize(
     "worlds, message",
     [("some", "worlds must be one of applicable, none or world names, got 'some'"), (("shuffle",), "unknown world(s) shuffle")],
