@@ -154,3 +154,13 @@ def test_the_tree_claimed_as_the_mechanism_it_is_passes():
     it passed on 5 of 5 seeds (benchmarks/results/opacus-dpcr.md)."""
     result = _audit("opacus-dpcr-tree", seed=0)
     assert result.verdict == "pass", result.summary()
+
+
+@pytest.mark.slow
+def test_the_realised_batch_worlds_datasets_train_with_the_designated_normaliser():
+    """Its datasets have fewer records than batches, where DPCREngine.make_private's own DPCROptimizer divides by
+    Opacus' int(N·q) = 0: the optimizer is wrapped once the designated normaliser is set (about 1.5 s)."""
+    from dpverify.config import gate_world_config
+
+    result = run_audit(_implementation("opacus-dpcr-tree"), gate_world_config("quick", "realised_batch", {}).with_overrides(seed=0))
+    assert result.verdict == "pass", result.summary()

@@ -22,6 +22,7 @@ This module imports torch, opacus and opacus_dpcr; the package's ``__init__`` do
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -74,6 +75,25 @@ def gaussian_sigma_for(epsilon: float, delta: float) -> float:
     )
 
 
+@contextlib.contextmanager
+def _wrapped_after_make_private(designated: bool):
+    """While ``DPCREngine.make_private`` runs with a designated normaliser, it returns Opacus' DPOptimizer
+    unwrapped, for the caller to wrap in ``DPCROptimizer`` once the normaliser is set: the engine's own wrap
+    divides by Opacus' ``int(N·q)``, which is 0 on a dataset of fewer records than batches (the realised-batch
+    world's), a ZeroDivisionError before the designated normaliser could replace it."""
+    from opacus_dpcr import dpcr_engine
+
+    if not designated:
+        yield
+        return
+    own = dpcr_engine.DPCROptimizer
+    dpcr_engine.DPCROptimizer = lambda optimizer, generator: optimizer
+    try:
+        yield
+    finally:
+        dpcr_engine.DPCROptimizer = own
+
+
 def train_dpcr(request: TrainingRequest, *, name: str, claim: str = "accountant", tweak: str | None = None) -> TrainedModel:
     """Train the designated MLP with ``DPCREngine`` and the binary tree, hand over every update, and state
     ``claim`` (:data:`CLAIMS`); ``tweak`` (:data:`TWEAKS`) changes the library's code path."""
@@ -99,7 +119,8 @@ def train_dpcr(request: TrainingRequest, *, name: str, claim: str = "accountant"
     # A tree that never restarts within the run, its noise scaled for BinMech(TREE_ORDER)'s k + 1 nodes.
     order = max(TREE_ORDER, math.ceil(math.log2(steps))) if tweak == "unrestarted_tree" else TREE_ORDER
     generator = (lambda block: dpcrpy.BinMech(order)) if order == TREE_ORDER else _mis_scaled_tree(dpcrpy, order)
-    with warnings.catch_warnings():
+    designated = hp.expected_batch_size is not None
+    with warnings.catch_warnings(), _wrapped_after_make_private(designated):
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         engine = DPCREngine(accountant="rdp", dpcrGenerator=generator)
         module, optimizer, dp_loader = engine.make_private(
@@ -110,9 +131,9 @@ def train_dpcr(request: TrainingRequest, *, name: str, claim: str = "accountant"
             max_grad_norm=hp.max_grad_norm,
             poisson_sampling=True,
         )
-    if hp.expected_batch_size is not None:  # the designated normaliser, before DPCROptimizer scales its noise by it
-        optimizer.optimizer.expected_batch_size = hp.expected_batch_size
-        optimizer = DPCROptimizer(optimizer.optimizer, engine.dpcrGenerator)
+    if designated:  # the designated normaliser, before DPCROptimizer scales its noise by it
+        optimizer.expected_batch_size = hp.expected_batch_size
+        optimizer = DPCROptimizer(optimizer, engine.dpcrGenerator)
     if tweak == "unscaled_noise":
         for mechanism in optimizer.noiMeches:
             mix_into(mechanism, _ignoring_sensitivity)
