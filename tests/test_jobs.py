@@ -22,6 +22,8 @@ def test_deal_keeps_a_family_in_one_hand_and_drops_empty_ones():
     assert deal(names, 2) == [("a", "a-variant", "c"), ("b", "b-variant", "ab")]
     assert deal(names, 1) == [tuple(names)]
     assert deal(["a", "a-v1", "a-v2"], 3) == [("a", "a-v1", "a-v2")]
+    # Users of one sampler too: each process plans the world run once per sampler over its own hand.
+    assert deal(["x", "y", "z", "w"], 2, together={"x": "loader", "z": "loader", "y": None}) == [("x", "z", "w"), ("y",)]
     assert deal(["a"], 3) == [("a",)]
     assert deal([], 2) == []
 
