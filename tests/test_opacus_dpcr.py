@@ -121,7 +121,7 @@ def test_every_dpcr_path_gets_the_full_batch_every_update_audit():
 
 def test_dpcr_paths_draw_their_batches_with_opacus_dataloader():
     """make_private(poisson_sampling=True) swaps the loader for Opacus' DPDataLoader: the fixed-batch world, which
-    reads only the sampler, runs once for it (on opacus-ghost in a session with both)."""
+    reads only the sampler, runs once for it, on the first of its users."""
     from dpverify.gate import gate_audits
 
     infos = [impl.info for impl in dpverify_opacus.dpcr_implementations()]
