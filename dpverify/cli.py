@@ -515,7 +515,8 @@ def _share_among_jobs(plan: list[tuple[Any, Any, Any]], jobs: int) -> tuple[list
     from dpverify.environments import Delegation, deal, plan_entry, this_environment
 
     runnable = collections.Counter(audit.implementation_name for audit, impl, _ in plan if impl.unavailable_reason() is None)
-    _, *others = deal(list(runnable), jobs, audits=runnable) or [()]
+    samplers = {impl.info.name: impl.info.sampler for _, impl, _ in plan}
+    _, *others = deal(list(runnable), jobs, audits=runnable, together=samplers) or [()]
     shared = [
         Delegation(
             environment=this_environment(),

@@ -77,19 +77,47 @@ def share_jobs(jobs: int, audits: Sequence[int]) -> list[int]:
     return shares
 
 
-def deal(names: Sequence[str], jobs: int, *, audits: Mapping[str, int] | None = None) -> list[tuple[str, ...]]:
-    """``names`` dealt into ``jobs`` hands, the empty ones dropped, each hand in the names' order. With
-    ``audits`` (each name's count of planned audits) the names with the most audits go first, each to the
-    hand with the fewest audits so far (the longest-first rule), so that no process is left running alone
-    at the end; without, in turn. Ties go in the names' order, so neighbours (an implementation and its
-    variants) land in different hands and each process gets a share of every family."""
+def families(names: Sequence[str]) -> dict[str, str]:
+    """Each name's family: the shortest of ``names`` that it is or extends with ``-`` (a variant is named
+    after its implementation: ``jax-privacy-bandmf-one-participation`` is of ``jax-privacy-bandmf``'s)."""
+    return {name: min((head for head in names if name == head or name.startswith(f"{head}-")), key=len) for name in names}
+
+
+def deal(
+    names: Sequence[str], jobs: int, *, audits: Mapping[str, int] | None = None, together: Mapping[str, str | None] | None = None
+) -> list[tuple[str, ...]]:
+    """``names`` dealt into ``jobs`` hands, the empty ones dropped, each hand in the names' order, a family
+    (:func:`families`) in one hand: an implementation and its variants share what a process makes once (a
+    traced step, the privacy curves of the claim a variant keeps, an imported library path), so that one
+    process makes it for all of them. Names with the same ``together`` key (their sampler: a world run once
+    per sampler is planned by each process over its own hand) go to one hand too. With ``audits`` (each
+    name's count of planned audits) the groups with the most audits go first, each to the hand with the
+    fewest audits so far (the longest-first rule), so that no process is left running alone at the end;
+    without, in turn. Ties go in the names' order."""
     weight = audits or {}
+    group_of = {name: name for name in names}
+
+    def root(name: str) -> str:
+        while group_of[name] != name:
+            name = group_of[name]
+        return name
+
+    first_with: dict[str, str] = {}
+    for name, head in families(names).items():
+        group_of[root(name)] = root(head)
+        key = (together or {}).get(name)
+        if key is not None:
+            group_of[root(name)] = root(first_with.setdefault(key, name))
+    members: dict[str, list[str]] = {}
+    for name in names:
+        members.setdefault(root(name), []).append(name)
     hands: list[list[str]] = [[] for _ in range(jobs)]
     loads = [0] * jobs
-    for rank, name in sorted(enumerate(names), key=lambda item: (-weight.get(item[1], 1), item[0])):
+    ranked = sorted(enumerate(members.values()), key=lambda item: (-sum(weight.get(name, 1) for name in item[1]), item[0]))
+    for rank, group in ranked:
         hand = min(range(jobs), key=lambda h: (loads[h], len(hands[h]))) if audits else rank % jobs
-        hands[hand].append(name)
-        loads[hand] += weight.get(name, 1)
+        hands[hand].extend(group)
+        loads[hand] += sum(weight.get(name, 1) for name in group)
     order = {name: rank for rank, name in enumerate(names)}
     return [tuple(sorted(hand, key=order.__getitem__)) for hand in hands if hand]
 

@@ -16,7 +16,8 @@ if ! $full; then
 fi
 export KERAS_BACKEND="${KERAS_BACKEND:-jax}"  # Keras 3 in .venvs/jax; .venvs/torch's Keras 2 ignores it
 # Three processes in all (--jobs 3), shared by the environments in proportion to their audits: two for the
-# torch family's, one for the JAX family's, side by side on the cores. One thread each (torch's OpenMP; a
+# torch family's, one for the JAX family's, side by side on the cores, each family of implementations (one and
+# its variants) in one process, which makes what they share once. One thread each (torch's OpenMP; a
 # JAX worker is confined to one core, dpverify/workers.py), as the test command runs its workers, or each
 # takes every core and they oversubscribe.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

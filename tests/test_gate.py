@@ -215,6 +215,22 @@ def test_correlated_noise_without_sampling_gets_epochs_and_no_fixed_batch_world(
     assert (config.canaries.m, config.pooled_runs) == (500 * 16, 16)
 
 
+def test_a_correlated_noise_finding_gets_its_every_update_audit_in_place_of_its_one_run_audit():
+    """A variant or known issue of a correlated-noise row whose claim states its structure gets the audit that
+    reads that structure; one that states none (its every-update audit is DP-SGD's, at q < 1) keeps both, and with the
+    every-update audits off the one-run audit stays."""
+    stated = ImplementationInfo(name="mf-bug", library="numpy", expected="violation", breaks="a rule", bug=13, detectability="D2", correlated_noise=True)
+    unstated = ImplementationInfo(name="tree-bug", library="numpy", expected="violation", breaks="a rule", bug=16, detectability="D2")
+    correct = ImplementationInfo(name="mf", library="numpy", correlated_noise=True)
+    shipped = ImplementationInfo(name="mf-shipped", library="numpy", expected="known-issue", issue="https://example.org/2", bug=13, correlated_noise=True)
+    names = [a.test_name for a in gate_audits([correct, stated, shipped, unstated], worlds="none")]
+    assert names == [
+        "dp-audit[mf]", "every-update[mf]", "every-update[mf-bug]", "every-update[mf-shipped]", "dp-audit[tree-bug]",
+        "every-update[tree-bug]",
+    ]  # fmt: skip
+    assert [a.test_name for a in gate_audits([stated], every_update=False)] == ["dp-audit[mf-bug]"]
+
+
 @pytest.mark.parametrize(
     "worlds, message",
     [("some", "worlds must be one of applicable, none or world names, got 'some'"), (("shuffle",), "unknown world(s) shuffle")],

@@ -7,17 +7,23 @@ import sys
 
 import pytest
 
-from dpverify.environments import deal, share_jobs
+from dpverify.environments import deal, families, share_jobs
 from tests.test_environments import REPO, setup  # noqa: F401  (the fixture)
 
 #: What differs between two runs of the same audits: the clock, and which process ran each.
 UNSTABLE = {"seconds", "auditor_seconds", "environment"}
 
 
-def test_deal_gives_neighbours_to_different_hands_and_drops_empty_ones():
-    names = ["a", "a-variant", "b", "b-variant", "c"]
-    assert deal(names, 2) == [("a", "b", "c"), ("a-variant", "b-variant")]
+def test_deal_keeps_a_family_in_one_hand_and_drops_empty_ones():
+    """An implementation and the variants named after it share what a process makes once (a traced step,
+    their claim's curves): one hand gets them all."""
+    names = ["a", "a-variant", "b", "b-variant", "c", "ab"]
+    assert families(names) == {"a": "a", "a-variant": "a", "b": "b", "b-variant": "b", "c": "c", "ab": "ab"}
+    assert deal(names, 2) == [("a", "a-variant", "c"), ("b", "b-variant", "ab")]
     assert deal(names, 1) == [tuple(names)]
+    assert deal(["a", "a-v1", "a-v2"], 3) == [("a", "a-v1", "a-v2")]
+    # Users of one sampler too: each process plans the world run once per sampler over its own hand.
+    assert deal(["x", "y", "z", "w"], 2, together={"x": "loader", "z": "loader", "y": None}) == [("x", "z", "w"), ("y",)]
     assert deal(["a"], 3) == [("a",)]
     assert deal([], 2) == []
 

@@ -126,6 +126,20 @@ def test_every_dpcr_path_gets_the_full_batch_every_update_audit():
     config = audits[0].config("quick", {}, one_run=None)
     assert config.hyperparameters.sampling_rate == 1.0 and config.hyperparameters.steps == 32
     assert config.pooled_runs == 16 and config.canaries.m == 8000
+    # The known issue and the variants: that audit alone (dpverify.gate.structure_audit_only).
+    assert [audit.implementation_name for audit in gate_audits(infos, worlds="none") if not audit.every_update] == ["opacus-dpcr-tree"]
+
+
+def test_dpcr_paths_draw_their_batches_with_opacus_dataloader():
+    """make_private(poisson_sampling=True) swaps the loader for Opacus' DPDataLoader: the fixed-batch world, which
+    reads only the sampler, runs once for it, on the first of its users."""
+    from dpverify.gate import gate_audits
+
+    infos = [impl.info for impl in dpverify_opacus.dpcr_implementations()]
+    assert {info.sampler for info in infos} == {dpverify_opacus.POISSON_SAMPLER}
+    ghost = next(impl.info for impl in dpverify_opacus.implementations() if impl.info.name == "opacus-ghost")
+    worlds = [(audit.implementation_name, audit.world) for audit in gate_audits([ghost, *infos]) if audit.world == "fixed_batch"]
+    assert worlds == [("opacus-ghost", "fixed_batch")]
 
 
 def _audit(name: str, seed: int):
@@ -150,4 +164,14 @@ def test_the_tree_claimed_as_the_mechanism_it_is_passes():
     """A true claim is refuted with probability at most 1 − CONFIDENCE = 1 % (the score reads the release, not the bits);
     it passed on 5 of 5 seeds (benchmarks/results/opacus-dpcr.md)."""
     result = _audit("opacus-dpcr-tree", seed=0)
+    assert result.verdict == "pass", result.summary()
+
+
+@pytest.mark.slow
+def test_the_realised_batch_worlds_datasets_train_with_the_designated_normaliser():
+    """Its datasets have fewer records than batches, where DPCREngine.make_private's own DPCROptimizer divides by
+    Opacus' int(N·q) = 0: the optimizer is wrapped once the designated normaliser is set (about 1.5 s)."""
+    from dpverify.config import gate_world_config
+
+    result = run_audit(_implementation("opacus-dpcr-tree"), gate_world_config("quick", "realised_batch", {}).with_overrides(seed=0))
     assert result.verdict == "pass", result.summary()

@@ -217,8 +217,8 @@ class OpacusDpcrImplementation(Implementation):
 def _dpcr_info(name: str, **fields: Any) -> ImplementationInfo:
     return ImplementationInfo(
         name=name, library="opacus-dpcr", requires=(*_REQUIRES, "opacus_dpcr", "dpcrpy", "dp_accounting"),
-        extra="opacus-dpcr", correlated_noise=True, **fields,
-    )  # fmt: skip
+        extra="opacus-dpcr", correlated_noise=True, sampler=POISSON_SAMPLER, **fields,
+    )  # fmt: skip  # DPCREngine.make_private(poisson_sampling=True) swaps the loader for Opacus' DPDataLoader
 
 
 def dpcr_implementations() -> list[OpacusDpcrImplementation]:
