@@ -33,7 +33,7 @@ NAMES = {
     "correct": "jax-privacy-dense-mf",
     "single_participation": "jax-privacy-dense-mf-single-participation",
     "mismatched_noising": "jax-privacy-dense-mf-mismatched-noising",
-    "short_noising": "short-noising (not registered)",
+    "short_noising": "short-noising (known issue)",
 }
 
 

@@ -13,8 +13,8 @@ structure it shows. Run each name in its family's environment:
     PYTHONPATH=$PWD:$PWD/plugins OMP_NUM_THREADS=1 .venvs/torch/bin/python benchmarks/structure_estimate.py \\
         --names opacus-dpcr opacus-dpcr-tree opacus-dpcr-unrestarted-tree --seeds 0 1 2 3 4
 
-``jax-privacy-dense-mf-short-noising`` (jax environment) is the dense path's unregistered run past its noising
-matrix's rows (:data:`UNREGISTERED`).
+``jax-privacy-dense-mf-short-noising`` (jax environment) is the dense path run past its noising matrix's rows,
+the release's known issue.
 """
 
 from __future__ import annotations
@@ -27,19 +27,6 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
-
-
-#: Runs audited here that are not registered: JAX-Privacy 2.0.0's dense privatizer read past its noising
-#: matrix's rows (the finding of docs/bugs.md class 15), as the correct path's implementation runs it.
-UNREGISTERED = {"jax-privacy-dense-mf-short-noising": ("jax-privacy-dense-mf", "short_noising")}
-
-
-def _unregistered(name: str):
-    from dpverify.registry import get_implementation
-    from dpverify_jaxprivacy._matrix_factorization import DenseMatrixFactorization
-
-    registered, kind = UNREGISTERED[name]
-    return DenseMatrixFactorization(get_implementation(registered).info, kind)
 
 
 def audit(name: str, seed: int, path: Path) -> None:
@@ -58,13 +45,13 @@ def audit(name: str, seed: int, path: Path) -> None:
         return result
 
     correlated.structure_fit = recorded  # the audit's own call, recorded
-    implementation = _unregistered(name) if name in UNREGISTERED else get_implementation(name)
+    implementation = get_implementation(name)
     config = every_update_config("quick", {}, correlated=implementation.info.correlated_noise)
     before = resource.getrusage(resource.RUSAGE_SELF)
     result = run_audit(implementation, dataclasses.replace(config, seed=seed))
     after = resource.getrusage(resource.RUSAGE_SELF)
     row = dict(
-        expected="finding" if name in UNREGISTERED else implementation.info.expected, verdict=result.verdict, p=result.curve_p_value,
+        expected=implementation.info.expected, verdict=result.verdict, p=result.curve_p_value,
         rho=None if result.power is None else result.power.signal_fraction, fits=fits,
         estimated=sum(p < correlated.STRUCTURE_FIT_LEVEL for p in fits), error=result.error,
         cpu=after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,

@@ -190,11 +190,13 @@ def _sampler_world_elsewhere(infos: list[ImplementationInfo]) -> set[tuple[str, 
     """``(implementation, world)`` for each world run once per sampler that another implementation takes
     for the implementation's sampler: of those that name one sampler and get the world for no row of their
     own (a variant or known issue of the world's row keeps it: that is its finding), the first expected
-    private takes it, else the first known issue; the others leave it."""
+    private takes it, else the first known issue, of those the one that needs the fewest packages
+    (:attr:`~dpverify.contract.ImplementationInfo.requires`: the world then runs wherever the sampler's library
+    is installed, not on an add-on's path that a missing extra skips); the others leave it."""
     elsewhere = set()
     for world in (name for name in world_names() if WORLDS[name].once_per_sampler):
         sharing = [
-            info for info in sorted(infos, key=lambda info: info.expected != "private")
+            info for info in sorted(infos, key=lambda info: (info.expected != "private", len(info.requires)))
             if info.sampler is not None and info.bug not in WORLDS[world].bugs and world in applicable_worlds(info)
         ]  # fmt: skip
         takers = {info.sampler: info.name for info in reversed(sharing)}  # the first of each sampler wins

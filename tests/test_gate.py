@@ -106,6 +106,15 @@ def test_the_fixed_batch_world_runs_once_per_sampler_on_its_first_private_user()
     assert len([a for a in named if a.world == "fixed_batch"]) == 5
 
 
+def test_a_samplers_world_runs_on_the_user_that_needs_the_fewest_packages():
+    """An add-on's path that shares the library's sampler (opacus-dpcr's DPDataLoader) and sorts first does not
+    take its world: a missing extra would skip it, and with it the sampler's only run of the world."""
+    add_on = ImplementationInfo(name="a-add-on", library="numpy", sampler="loader", requires=("numpy", "add_on"))
+    core = ImplementationInfo(name="b-core", library="numpy", sampler="loader", requires=("numpy",))
+    fixed = [a.test_name for a in gate_audits([add_on, core], every_update=False) if a.world == "fixed_batch"]
+    assert fixed == ["two-world[b-core-fixed_batch]"]
+
+
 def test_a_world_is_added_by_its_record_alone():
     """One :func:`register_world` call is all the gate, the options, the configuration and the strategies
     need: the record's rows, needs and quick setting reach each of them."""

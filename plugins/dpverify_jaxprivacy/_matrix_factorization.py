@@ -22,7 +22,8 @@ The variants change one library call and keep the claim:
 - ``mismatched_noising`` (class 15): the privatizer's noising matrix is the inverse of the unbanded Toeplitz
   square root (``optimal_max_error_strategy_coefs(T)``) while the sensitivity and the claim are the
   :data:`BANDS`-band strategy's: the noise stream and the accounting drift apart.
-- ``short_noising`` (a finding in the release, class 15; not registered): the noising matrix is materialised
+- ``short_noising`` (a finding in the release, class 15; the known issue ``jax-privacy-dense-mf-short-noising``): the
+  library as it ships, given a noising matrix materialised
   for a strategy sized for the first ⌈T/2⌉ steps (the banded Toeplitz's leading block, exact for those steps)
   and the run goes on for T. The 2.0.0 dense privatizer does not stop: its update reads
   ``matrix_row = noising_matrix[index] * stddev`` with ``index`` the step counter in its state, JAX clamps an
@@ -33,8 +34,9 @@ The variants change one library call and keep the claim:
   strategy's score adds the repeated noise up over the later steps (numpy ceiling: 0.20 of the claimed μ; measured
   ρ 0.11–0.22, undecided on 5 of 5 seeds: benchmarks/results/dense-mf.md); the every-update audit sees it because
   the noise no record touches refutes the claimed structure, and the structure that noise shows reads the noiseless
-  differences (refuted on 5 of 5 seeds: benchmarks/results/structure-estimate.md). It is a tested finding
-  (tests/test_dense_mf.py), not registered: the gate's runs stay within their noising matrices' rows.
+  differences (refuted on 5 of 5 seeds: benchmarks/results/structure-estimate.md). The run is the user's slip (a
+  matrix sized for fewer steps than trained) that the release lets through without a word, so it is registered as
+  a known issue of the release with PR #338's link, and its repetition is tested in tests/test_dense_mf.py.
 
 This module imports neither jax nor jax_privacy until a run trains: listing implementations works without them.
 """
@@ -218,9 +220,13 @@ def _claim(sigma: float, delta: float, structure) -> PrivacyClaim:
     )
 
 
+#: The upstream change that makes the dense privatizer refuse to read past its noising matrix's rows.
+PAST_ROWS_REFUSED = "https://github.com/google-deepmind/jax_privacy/pull/338"
+
+
 def implementations() -> list[Implementation]:
-    """``jax-privacy-dense-mf`` and its two variants. The ``short_noising`` run, a finding of the release, is not
-    registered (module docstring)."""
+    """``jax-privacy-dense-mf``, its two variants and the release's known issue ``short_noising`` (module
+    docstring)."""
     correct = DenseMatrixFactorization(ImplementationInfo(name="jax-privacy-dense-mf", notes=_NOTES, **_LIBRARY))
     variants = [
         DenseMatrixFactorization(
@@ -237,4 +243,18 @@ def implementations() -> list[Implementation]:
         )
         for kind, row in _VARIANTS.items()
     ]
-    return [correct, *variants]
+    past_rows = DenseMatrixFactorization(
+        ImplementationInfo(
+            name="jax-privacy-dense-mf-short-noising",
+            expected="known-issue",
+            issue=PAST_ROWS_REFUSED,
+            bug=15,
+            notes="the library as it ships, its privatizer given a noising matrix of ⌈T/2⌉ rows (the accounted "
+            "banded strategy's leading block) for a T-step run: JAX-Privacy 2.0.0 reads the last row again, from the "
+            "same key, at every later step, so those steps repeat one noise vector. The claim is the correct run's. "
+            + _NOTES,
+            **_LIBRARY,
+        ),
+        "short_noising",
+    )
+    return [correct, *variants, past_rows]
