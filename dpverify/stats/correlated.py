@@ -469,6 +469,7 @@ def estimated_structure(untouched, *, floor: float = 0.0) -> NoiseStructure:
         raise ValueError("the untouched coordinates' noise is degenerate (its covariance is singular): is it noise?") from None
     return NoiseStructure(strategy=np.tril(np.linalg.inv(cholesky)))
 
+
 def _untouched_series(untouched, steps: int | None = None) -> np.ndarray:
     u = np.asarray(untouched, dtype=np.float64)
     if u.ndim != 2 or (steps is not None and u.shape[1] != steps):
