@@ -173,6 +173,23 @@ def test_event_claims_keep_the_curve_of_their_relation():
         assert np.all(curve(alpha) <= exact + 1e-9) and np.allclose(curve(alpha), exact, atol=2e-3)
 
 
+@pytest.mark.parametrize("relation", ["add_remove", "replace_one", "zero_out"])
+@pytest.mark.parametrize("sampling_rate", [0.1, 1.0])
+def test_an_event_curves_profile_is_dp_accountings_own_delta_at_each_epsilon(relation, sampling_rate):
+    """The profile a curve is built from is dp_accounting's get_delta_for_epsilon on the grid, both directions
+    (Poisson-sampled add/remove is asymmetric), from suffix sums instead of its Python loop over the losses."""
+    from dpverify.stats.events import _profile_deltas
+
+    _needs(relation)
+    run = EventRun(event=_dpsgd_event(1.5, sampling_rate, 20), relation=relation)
+    try:
+        pld = run.accountant()._pld
+    except ValueError as exc:  # UnaccountableEvent: this release cannot sample in this relation
+        pytest.skip(str(exc))
+    epsilons = np.linspace(0.0, run.accountant().get_epsilon(1e-12), 300)
+    np.testing.assert_allclose(_profile_deltas(pld, epsilons), pld.get_delta_for_epsilon(epsilons), rtol=1e-12, atol=1e-15)
+
+
 # -- the one-run audit reads an event claim's curve from dp_accounting -----------------------------------
 
 

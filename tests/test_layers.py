@@ -395,9 +395,10 @@ def test_the_conv_design_is_one_zero_initialised_conv1d_pooled_over_its_outputs(
 
 
 @needs_torch
-def test_the_conv_variant_keeps_opacus_per_position_gradients_as_rows():
-    """On a layer and backprops of no special form, the variant's rows are Opacus' gradient of each output
-    position alone, and they sum to Opacus' own per-record gradient: only the sum over positions is dropped."""
+def test_the_conv_variant_takes_the_norm_of_opacus_per_position_gradients_as_rows():
+    """On a layer and backprops of no special form, the variant's rows have each record's norm of Opacus' gradients
+    of the output positions alone, √(Σ_q |g_q|²), where Opacus' own per-record gradient is their sum: only the sum
+    over positions is dropped."""
     from opacus.grad_sample.conv import compute_conv_grad_sample
 
     from dpverify_opacus.variants import positions_as_rows_conv
@@ -407,16 +408,21 @@ def test_the_conv_variant_keeps_opacus_per_position_gradients_as_rows():
     activations = [torch.randn(4, 2, 13, generator=generator)]
     backprops = torch.randn(4, 3, 5, generator=generator)  # (13 - 5) // 2 + 1 = 5 outputs
     rows = positions_as_rows_conv(layer, activations, backprops)
-    whole = compute_conv_grad_sample(layer, activations, backprops)
     for param in (layer.weight, layer.bias):
-        assert rows[param].shape == (4, 5, *param.shape)
-        assert torch.allclose(rows[param].sum(dim=1), whole[param], atol=1e-5)
+        per_position = []
         for q in range(5):
             alone = torch.zeros_like(backprops)
             alone[..., q] = backprops[..., q]
-            assert torch.allclose(rows[param][:, q], compute_conv_grad_sample(layer, activations, alone)[param], atol=1e-5)
+            per_position.append(compute_conv_grad_sample(layer, activations, alone)[param].reshape(4, -1))
+        expected = torch.stack(per_position, dim=1).square().sum(dim=(1, 2)).sqrt()
+        whole = compute_conv_grad_sample(layer, activations, backprops)[param].reshape(4, -1).norm(dim=1)
+        assert rows[param].shape == (4, 5)
+        assert torch.allclose(rows[param].reshape(4, -1).norm(dim=1), expected, atol=1e-5)
+        assert not torch.allclose(expected, whole, atol=1e-3)
     with pytest.raises(ValueError, match="unpadded Conv1d, got padding=\\(1,\\)"):
         positions_as_rows_conv(torch.nn.Conv1d(2, 3, 3, padding=1), activations, backprops)
+    with pytest.raises(ValueError, match="ungrouped Conv1d, got groups=2"):
+        positions_as_rows_conv(torch.nn.Conv1d(2, 4, 3, groups=2), activations, backprops)
 
 
 def test_tf_privacy_has_no_conv_design_and_says_why():

@@ -375,7 +375,24 @@ def _curve(run: EventRun) -> curves.TradeOffCurve:
     if run.noise_multiplier == 0 or math.isinf(largest):
         return curves.TrivialCurve()
     epsilons = np.linspace(0.0, largest, _PROFILE_POINTS)
-    # The accountant's composed PLD answers a whole grid at once (its get_delta takes one ε, 2000 times
-    # slower); the attribute is the same in dp_accounting 0.4 and 0.6.
-    deltas = np.asarray(accountant._pld.get_delta_for_epsilon(epsilons), dtype=float)
-    return curves.ProfileCurve(epsilons=epsilons, deltas=np.minimum(deltas, 1.0))
+    return curves.ProfileCurve(epsilons=epsilons, deltas=np.minimum(_profile_deltas(accountant._pld, epsilons), 1.0))
+
+
+def _profile_deltas(pld: Any, epsilons: np.ndarray) -> np.ndarray:
+    r"""δ(ε) of dp_accounting's composed ``pld`` on the grid ``epsilons``, both directions (its remove pmf, and
+    its add pmf unless symmetric): each pmf's :math:`\delta(\varepsilon) = m_\infty + \sum_{\ell_j > \varepsilon}
+    p_j (1 - e^{\varepsilon - \ell_j})`, dp_accounting's own sum, here from suffix sums over the losses
+    (its ``get_delta_for_epsilon`` walks every loss in Python, a third of a second a curve). The pmf
+    attributes read are the same in dp_accounting 0.4 and 0.6."""
+    pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
+    deltas = []
+    for pmf in (pmf.to_dense_pmf() for pmf in pmfs):
+        losses = (np.arange(pmf.size) + pmf._lower_loss) * pmf._discretization
+        above = np.searchsorted(losses, epsilons, side="right")  # the first loss above each ε
+
+        def suffix_sums(values: np.ndarray) -> np.ndarray:
+            return np.append(np.cumsum(values[::-1])[::-1], 0.0)
+
+        upper, lower = suffix_sums(pmf._probs), suffix_sums(pmf._probs * np.exp(-losses))
+        deltas.append(pmf._infinity_mass + upper[above] - np.exp(epsilons) * lower[above])
+    return np.max(deltas, axis=0)

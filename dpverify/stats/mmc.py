@@ -35,7 +35,7 @@ def rejected(m, guesses, correct, level, inverse: Inverse, param=0.0) -> np.ndar
     entry for Gaussian DP). r and h never decrease, so an entry is decided once r + h > c'/m
     (rejected) or once its state stops changing after its recursion has started (h_i = h_{i+1}
     leaves r unchanged, hence h too, for good). The loop joins each entry at i = c - 1, carries
-    only the undecided ones, and ends when none is left.
+    only the undecided ones, skips the steps where none is undecided, and ends when none is left.
     """
     arrays = (np.asarray(x, dtype=float) for x in (m, guesses, correct, level, param))
     m, guesses, correct, level, param = (a.ravel() for a in np.broadcast_arrays(*arrays))
@@ -46,7 +46,8 @@ def rejected(m, guesses, correct, level, inverse: Inverse, param=0.0) -> np.ndar
     joins = np.searchsorted(-correct[order], -np.arange(top + 1), side="left")
     idx = np.empty(0, dtype=int)
     live = [np.empty(0)] * 5  # r, h, c', c'/m and param of the undecided entries
-    for i in range(top - 1, -1, -1):
+    i = top - 1
+    while i >= 0:
         if joins[i] > joins[i + 1]:
             fresh = order[joins[i + 1] : joins[i]]
             idx = np.concatenate([idx, fresh])
@@ -61,5 +62,9 @@ def rejected(m, guesses, correct, level, inverse: Inverse, param=0.0) -> np.ndar
             done = ~moving
             r[idx[done]], h[idx[done]] = live_r[done], new_h[done]
             idx, live = idx[moving], [a[moving] for a in live]
+        if idx.size:
+            i -= 1
+        else:  # nothing undecided: go to the step where the next entry joins (its c − 1; none left: the end)
+            i = int(correct[order[joins[i]]]) - 1 if joins[i] < joins[0] else -1
     r[idx], h[idx] = live[0], live[1]
     return r + h > guesses / m

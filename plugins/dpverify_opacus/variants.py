@@ -472,21 +472,23 @@ def positions_averaged_layer_norm(layer: nn.LayerNorm, activations, backprops):
 
 
 def positions_as_rows_conv(layer: nn.Conv1d, activations, backprops):
-    """Opacus' own Conv1d grad sampler, given each output position as a record of its own (its input window and
-    its backprop), the per-position gradients kept as the record's rows, (n, positions, *parameter): the norm
-    ghost clipping takes of them is √(Σ_q |g_q|²), the unfold formula with its sum over the positions q
-    dropped, instead of the norm of the gradient summed over them. For an unpadded Conv1d (the conv design's)."""
-    from opacus.grad_sample.conv import compute_conv_grad_sample
-
+    """Ghost clipping's Conv1d norm with each output position taken as a record of its own: the rows (n, positions)
+    hold each position's gradient norm, so the norm Opacus takes of them is √(Σ_q |g_q|²), the unfold formula
+    with its sum over the positions q dropped, instead of the norm of the gradient summed over them. Position q's
+    gradient is the outer product of its backprop b_q with its (dilated) input window x_q, of norm |b_q|·|x_q|
+    (the bias's: |b_q|): the norms Opacus' own grad sampler gives each position alone, without materialising
+    the (n, positions, *parameter) gradients. For an unpadded, ungrouped Conv1d (the conv design's)."""
     if layer.padding not in ((0,), "valid"):
         raise ValueError(f"positions_as_rows_conv takes an unpadded Conv1d, got padding={layer.padding!r}")
-    n, positions = backprops.shape[0], backprops.shape[-1]
+    if layer.groups != 1:
+        raise ValueError(f"positions_as_rows_conv takes an ungrouped Conv1d, got groups={layer.groups}")
     span = layer.dilation[0] * (layer.kernel_size[0] - 1) + 1
-    windows = activations[0].unfold(-1, span, layer.stride[0])  # (n, d, positions, span)
-    windows = windows.permute(0, 2, 1, 3).reshape(n * positions, layer.in_channels, span)
-    alone = backprops.permute(0, 2, 1).reshape(n * positions, -1, 1)
-    rows = compute_conv_grad_sample(layer, [windows], alone)
-    return {param: grad.reshape(n, positions, *grad.shape[1:]) for param, grad in rows.items()}
+    windows = activations[0].unfold(-1, span, layer.stride[0])[..., :: layer.dilation[0]]  # (n, d, positions, k)
+    backprop_norms = backprops.norm(dim=1)  # (n, positions)
+    rows = {layer.weight: backprop_norms * windows.square().sum(dim=(1, 3)).sqrt()}
+    if layer.bias is not None:
+        rows[layer.bias] = backprop_norms
+    return rows
 
 
 #: The formula-breaking samplers by layer design: the registry of Opacus' ghost-clipping module they replace
