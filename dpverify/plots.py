@@ -60,6 +60,8 @@ def _power(result: AuditResult) -> str:
     power = result.power
     if power is None:
         return "no noise-deficit power stated"
+    if not power.deficit_asked:
+        return f"signal ρ = {power.signal_fraction:.2f}; claim refuted, noise deficit k* not asked"
     if power.smallest_deficit is None:
         return f"signal ρ = {power.signal_fraction:.2f}; noise deficit k* not stated"
     deficit = "none ≤ 10×" if not np.isfinite(power.smallest_deficit) else f"{deficit_text(power.smallest_deficit)}×"

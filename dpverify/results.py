@@ -294,7 +294,9 @@ class AuditResult:
             reads = WORLDS[world].reads if world in WORLDS and self.verdict != "error" else None
             return f"Power: {reads}." if reads else ""
         deficit = (
-            "not stated (no validated model of this design's scores under a deficit)"
+            "not asked (the claim is refuted)"
+            if not power.deficit_asked
+            else "not stated (no validated model of this design's scores under a deficit)"
             if power.smallest_deficit is None
             else f"none up to {LARGEST_DEFICIT:g}×"
             if math.isinf(power.smallest_deficit)

@@ -435,12 +435,14 @@ def _counted_cell(result: dict[str, Any]) -> str:
 
 def _power_cells(result: dict[str, Any]) -> tuple[str, str]:
     """(ρ, k*) of a report entry: k* rounded up to 0.1, "none" beyond 10×, "not stated" where the design has
-    no validated model for it, "n/a" without a power measure."""
+    no validated model for it, "-" where a refuted claim did not ask it, "n/a" without a power measure."""
     power = result.get("power")
     if power is None:
         return "-", "n/a" if result["design"] == "two_world" and result["verdict"] != "error" else "-"
     rho = "-" if power["signal_fraction"] is None else f"{power['signal_fraction']:.2f}"
     deficit = power["smallest_deficit"]
+    if not power.get("deficit_asked", True):
+        return rho, "-"
     if not power.get("deficit_stated", True):
         return rho, "not stated"
     return rho, "none" if deficit is None else deficit_text(deficit)

@@ -167,6 +167,35 @@ def test_a_design_without_a_stated_k_star_asks_only_whether_the_largest_deficit_
         measure_power(run, scores, bits)
 
 
+def test_a_refuted_claim_measures_its_signal_and_asks_no_deficit():
+    """k* is what a pass promises: where the audit refuted the claim, ρ is measured as for any verdict and the
+    deficit question (the simulated audits, most of the power's cost) is not asked, nor blindness judged."""
+    run = ClaimedRun(noise_multiplier=1.0, steps=4)
+    bits = np.random.default_rng(1).choice(np.array([-1, 1]), size=2000)
+    scores = dirac_scores(np.random.default_rng(2), bits, run=run, noise=run.noise_multiplier)
+
+    def never_asked(fraction):
+        raise AssertionError("a refuted claim's power asked a deficit question")
+
+    for question in ("smallest_deficit", "catches_largest"):
+        refuted = measure_power(run, scores, bits, **{question: never_asked}, refuted=True)
+        asked = measure_power(run, scores, bits, smallest_deficit=lambda fraction: 2.0)
+        assert (refuted.measured_mu, refuted.signal_low, refuted.signal_high) == (asked.measured_mu, asked.signal_low, asked.signal_high)
+        assert refuted.smallest_deficit is None and refuted.blind is None and refuted.to_dict()["deficit_asked"] is False
+    nothing = measure_power(run, np.random.default_rng(3).standard_normal(2000), bits, catches_largest=never_asked, refuted=True)
+    assert nothing.blind is None
+
+
+def test_a_violation_states_no_k_star_in_its_table_row_or_summary():
+    """The table's k* cell is "-" and the summary says k* was not asked where the audit refuted the claim."""
+    from dpverify.session import _power_cells
+
+    result = run_audit(GaussianMechanism(signal=4.0), _dirac(m=400, dimension=400))
+    assert result.verdict == "violation", result.summary()
+    assert result.power.deficit_asked is False and "not asked (the claim is refuted)" in result.summary()
+    assert _power_cells(result.to_dict())[1] == "-"
+
+
 def test_a_correct_mechanism_passes_and_says_what_it_would_catch():
     result = run_audit(GaussianMechanism(), _dirac())
     assert result.verdict == "pass", result.summary()
@@ -224,14 +253,18 @@ def test_a_hidden_noise_deficit_never_states_a_k_star_below_itself(hidden):
     """ρ is measured on the implementation's own scores, so Opacus with its noise divided by k₀ (its claim
     for σ kept, real training) shows ρ ≈ k₀. k* is stated at ρ's lower limit capped at 1, never below the
     claimed mechanism's own (1.61 at the quick profile's q = 1: 4 × 2500 canaries, ε 2), so a deficit of 1.4
-    or 1.6 never leads to a stated k* below it, whatever the verdict. Before the cap these audits stated
-    1.19-1.33 and 1.06-1.14 (benchmarks/results/kstar-hidden-deficit.md)."""
+    or 1.6 never leads to a stated k* below it. Before the cap these audits stated 1.19-1.33 and 1.06-1.14
+    (benchmarks/results/kstar-hidden-deficit.md). An audit that refutes the claim asks no k* (a pass's promise).
+    """
     from dpverify_opacus import noise_scaled
 
     for seed in (0, 1):
         result = run_audit(noise_scaled(hidden), profile_config("quick", sampling_rate=1.0, seed=seed, device="cpu"))
         power = result.power
-        assert power.smallest_deficit >= hidden, (seed, result.verdict, power)
+        if result.verdict == "violation":
+            assert power.smallest_deficit is None and not power.deficit_asked, (seed, power)
+        else:
+            assert power.smallest_deficit >= hidden, (seed, result.verdict, power)
         assert power.above_claim and power.signal_low > 1, (seed, power)  # the deficit shows as too much signal
         assert "more signal than the claim allows" in result.summary() and power.to_dict()["above_claim"] is True
 

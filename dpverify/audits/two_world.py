@@ -467,6 +467,7 @@ def run_two_world_audit(
             ),
             either_direction=True,
             not_designated=not_designated,
+            refuted=verdict == "violation",
         )
 
     verdict, power = power_beside_verdict(verdict, measure, failures)

@@ -277,6 +277,7 @@ def concluded_result(
             **_deficit_question(config, tested, simulated),
             expected_signal=expected_signal(config),
             not_designated=not_designated,
+            refuted=verdict == "violation",
         ),
         failures,
     )

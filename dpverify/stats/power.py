@@ -141,7 +141,8 @@ class AuditPower:
     audit's scores and ``signal_fraction`` ρ = μ̂/μ with its interval (``signal_low``, ``signal_high``);
     ``smallest_deficit`` is k* (∞: no deficit up to :data:`LARGEST_DEFICIT` would be refuted with
     probability :data:`POWER`; ``None``: not stated, the design has no validated model of its scores under
-    a deficit). ``blind`` says why a pass could not see, or is ``None``.
+    a deficit, or not asked, ``deficit_asked`` false, where the audit refuted the claim: k* is what a pass
+    promises, and a refuted claim was seen). ``blind`` says why a pass could not see, or is ``None``.
     """
 
     claimed_mu: float
@@ -151,6 +152,7 @@ class AuditPower:
     signal_high: float
     smallest_deficit: float | None
     blind: str | None = None
+    deficit_asked: bool = True
 
     @property
     def above_claim(self) -> bool:
@@ -189,6 +191,7 @@ class AuditPower:
             "signal_interval": [number(self.signal_low), number(self.signal_high)],
             "smallest_deficit": number(self.smallest_deficit),
             "deficit_stated": self.smallest_deficit is not None,
+            "deficit_asked": self.deficit_asked,
             "power": POWER,
             "largest_deficit": LARGEST_DEFICIT,
             "blind": self.blind,
@@ -425,6 +428,7 @@ def measure_power(
     expected_signal: float | None = None,
     either_direction: bool = False,
     not_designated: str | None = None,
+    refuted: bool = False,
 ) -> AuditPower:
     """The :class:`AuditPower` of an audit of ``run`` from its ``scores`` and secret bits: ρ from
     :func:`separation`; k* at ρ's lower limit capped at :data:`CLAIMED_SIGNAL`,
@@ -441,7 +445,9 @@ def measure_power(
     whatever ρ. Give ``catches_largest(ρ)`` (is a :data:`LARGEST_DEFICIT`-fold deficit caught at signal
     fraction ρ?) instead of ``smallest_deficit`` where the design's scores under a deficit are not those of
     the model: a finite k* is then not stated (``None``), and that check alone says whether k* is ∞ (at ρ's
-    lower limit) and whether the pass is blind (at ρ)."""
+    lower limit) and whether the pass is blind (at ρ). ``refuted``: the audit refuted the claim, so neither
+    question is asked (their simulated audits are most of the cost): ρ is measured, k* is not asked and no
+    blindness is judged (:func:`judge` drops it for any verdict but a pass)."""
     if (smallest_deficit is None) == (catches_largest is None):
         raise ValueError("give smallest_deficit (k* stated) or catches_largest (not stated), not both or neither")
     mu = gdp_mu(run)
@@ -449,6 +455,11 @@ def measure_power(
     if either_direction and measured.mu < 0:
         measured = Separation(-measured.mu, -measured.high, -measured.low)
     fraction, low, high = (value / mu if mu > 0 else math.nan for value in (measured.mu, measured.low, measured.high))
+    if refuted:
+        return AuditPower(
+            claimed_mu=mu, measured_mu=measured.mu, signal_fraction=fraction, signal_low=low, signal_high=high,
+            smallest_deficit=None, deficit_asked=False,
+        )  # fmt: skip
     # k* is promised at ρ's lower limit capped at 1: ρ above 1 is what a hidden noise deficit shows, so it
     # never lowers k* below the claimed mechanism's own (CLAIMED_SIGNAL).
     promised_at = min(low, CLAIMED_SIGNAL)
