@@ -291,8 +291,8 @@ def curve_test(m, guesses, correct, *, claim: ClaimedMechanism, delta, confidenc
 
     ``guesses`` and ``correct`` may be arrays (a grid of guess counts, broadcast with ``m``); the
     claim is refuted when any count refutes it, so ``confidence`` must already be corrected for the
-    grid (Bonferroni). The weakest refuted member is found by bisection: over μ (vectorised, exact
-    GDP) at q = 1, over log σ with one PLD curve per step otherwise (seconds, not milliseconds).
+    grid (Bonferroni). The weakest refuted member is searched for: over μ by bisection (vectorised, exact
+    GDP) at q = 1, over log σ otherwise, one PLD curve per step (:func:`_weakest_refuted_sigma`).
     """
     _check_claim(claim)
     delta, level = _level(delta, confidence)
