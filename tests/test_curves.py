@@ -319,3 +319,35 @@ def test_null_simulation_catches_a_noise_deficit(claim, draw_scores):
     curve = claim.curve()
     critical = critical_correct(lambda ks, vs: curve_refutes(M, ks, vs, curve=curve, confidence=confidence), counts)
     assert np.mean(np.any(correct >= critical, axis=1)) > 0.5
+
+
+@pytest.mark.parametrize("crossing", [0.05, 0.7, 1.0, 3.3, 40.0])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        lambda s, c: math.log(c / s),  # smooth
+        lambda s, c: 30 * (c**2 / s**2 - 1),  # steep on the refuted side, as a member's p-value falls
+        lambda s, c: math.ceil(20 * math.log10(c / s) + 1e-12) / 20,  # steps of a twentieth of a decade
+        lambda s, c: 1.0 if s < c else -1.0,  # the decision alone (the one-run test)
+    ],
+    ids=["smooth", "steep", "steps", "signs"],
+)
+def test_the_sigma_search_returns_a_refuted_member_within_its_tolerance_of_an_unrefuted_one(shape, crossing):
+    """Whatever the margin's shape (refuted exactly from ``crossing`` up, flat stretches at 0 included), the
+    search returns a refuted σ less than its tolerance above the crossing, in at most twice the member curves
+    bisection would take after bracketing."""
+    from dpverify.stats.curves import _SIGMA_SPAN, _SIGMA_TOLERANCE, _weakest_refuted_sigma
+
+    asked = []
+
+    def margin(member):
+        asked.append(member.noise_multiplier)
+        return shape(member.noise_multiplier, crossing)
+
+    sigma = _weakest_refuted_sigma(ClaimedRun(noise_multiplier=1.0, steps=1), margin)
+    assert crossing <= sigma < crossing * (1 + _SIGMA_TOLERANCE)
+    bracketing = math.ceil(abs(math.log2(crossing))) + 2
+    bisection = math.ceil(math.log2(math.log(2) / math.log1p(_SIGMA_TOLERANCE)))
+    assert len(asked) <= bracketing + 2 * bisection, asked
+    assert _weakest_refuted_sigma(ClaimedRun(noise_multiplier=1.0, steps=1), lambda member: 1.0) == math.inf
+    assert _weakest_refuted_sigma(ClaimedRun(noise_multiplier=1.0, steps=1), lambda member: -1.0) < 1 / _SIGMA_SPAN

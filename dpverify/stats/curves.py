@@ -488,9 +488,9 @@ def _weakest_refuted_sigma(claim: ClaimedMechanism, margin: Callable[[ClaimedMec
     member within reach is still refuted it is returned: a smaller ε than the true crossing, never a larger one.
 
     The narrowing is regula falsi on the margins in log σ with the Illinois rule (an end kept twice has its
-    margin halved, so neither end stalls) and steps at least half the tolerance from either end, so it ends
-    in about half bisection's member curves (a PLD each for an event or q < 1); with ±1 margins (only the
-    decision known) its steps are bisection's until an end is kept twice.
+    margin halved), steps at least half the tolerance from either end, and a bisection after any step that
+    did not halve the bracket (a margin near 0 on a flat stretch would otherwise creep), so it takes at most
+    twice bisection's member curves (a PLD each for an event or q < 1) and, on the audits' margins, fewer.
     Whatever the steps, the answer keeps bisection's guarantee: a refuted member within the tolerance of an
     unrefuted one.
     """
@@ -514,9 +514,10 @@ def _weakest_refuted_sigma(claim: ClaimedMechanism, margin: Callable[[ClaimedMec
             lo, f_lo, hi = hi, f_hi, 2 * hi
     least_step = math.log1p(_SIGMA_TOLERANCE) / 2
     kept = 0  # +1: lo kept last time, −1: hi kept
+    halved = True  # whether the last step halved the bracket; if not, this one bisects it
     while hi / lo > 1 + _SIGMA_TOLERANCE:
         width = math.log(hi / lo)
-        step = width * f_lo / (f_lo - f_hi)
+        step = width * f_lo / (f_lo - f_hi) if halved else width / 2
         mid = lo * math.exp(min(max(step, least_step), width - least_step))
         f_mid = margin_at(mid)
         if f_mid <= 0:
@@ -525,6 +526,7 @@ def _weakest_refuted_sigma(claim: ClaimedMechanism, margin: Callable[[ClaimedMec
         else:
             lo, f_lo = mid, f_mid
             f_hi, kept = (f_hi / 2 if kept == -1 else f_hi), -1
+        halved = math.log(hi / lo) <= width / 2
     return hi
 
 
