@@ -344,10 +344,11 @@ def test_the_sigma_search_returns_a_refuted_member_within_its_tolerance_of_an_un
         asked.append(member.noise_multiplier)
         return shape(member.noise_multiplier, crossing)
 
-    sigma = _weakest_refuted_sigma(ClaimedRun(noise_multiplier=1.0, steps=1), margin)
+    claim = ClaimedRun(noise_multiplier=1.0, steps=1)
+    sigma = _weakest_refuted_sigma(claim, margin, margin(claim))
     assert crossing <= sigma < crossing * (1 + _SIGMA_TOLERANCE)
     bracketing = math.ceil(abs(math.log2(crossing))) + 2
     bisection = math.ceil(math.log2(math.log(2) / math.log1p(_SIGMA_TOLERANCE)))
     assert len(asked) <= bracketing + 2 * bisection, asked
-    assert _weakest_refuted_sigma(ClaimedRun(noise_multiplier=1.0, steps=1), lambda member: 1.0) == math.inf
-    assert _weakest_refuted_sigma(ClaimedRun(noise_multiplier=1.0, steps=1), lambda member: -1.0) < 1 / _SIGMA_SPAN
+    assert _weakest_refuted_sigma(claim, lambda member: 1.0, 1.0) == math.inf
+    assert _weakest_refuted_sigma(claim, lambda member: -1.0, -1.0) < 1 / _SIGMA_SPAN

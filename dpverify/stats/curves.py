@@ -299,13 +299,15 @@ def curve_test(m, guesses, correct, *, claim: ClaimedMechanism, delta, confidenc
     m, r, v, _ = _counts(m, guesses, correct)
     # One recursion decides both the counts and all-guesses-correct (what the counts could refute).
     both = mmc.rejected(np.tile(m, 2), np.tile(r, 2), np.concatenate([v, r]), level, claim.curve().inverse_complement)
+    refuted = bool(np.any(both[: m.size]))
     return _family_outcome(
         claim,
-        refuted=bool(np.any(both[: m.size])),
+        refuted=refuted,
         refutable=bool(np.any(both)),
         tails=_tail_bounds(claim.curve(), m, r, v),
         largest_refuted_mu=lambda upper: float(np.max(_largest_rejected_mu(m, r, v, level, upper))),
         margin=lambda member: 1.0 - 2.0 * _refutes(member, m, r, v, level),
+        claim_margin=1.0 - 2.0 * refuted,
         delta=delta,
         confidence=confidence,
     )
@@ -353,6 +355,7 @@ def combined_curve_test(sizes, guesses, correct, *, claim: ClaimedMechanism, del
         tails=tails,
         largest_refuted_mu=largest_refuted_mu,
         margin=lambda member: _margin(np.min(_combined_tails(sizes, r, v, member.curve().inverse_complement)), level),
+        claim_margin=_margin(np.min(tails), level),
         delta=delta,
         confidence=confidence,
     )
@@ -371,11 +374,13 @@ def _family_outcome(
     tails: np.ndarray,
     largest_refuted_mu: Callable[[float], float],
     margin: Callable[[ClaimedMechanism], float],
+    claim_margin: float,
     delta: float,
     confidence: float,
 ) -> CurveTest:
     """The :class:`CurveTest` of a decided claim: its weakest refuted member by μ (q = 1, from
-    ``largest_refuted_mu(upper)``) or by σ (searched with ``margin(member)``, see :func:`_weakest_refuted_sigma`)."""
+    ``largest_refuted_mu(upper)``) or by σ (searched with ``margin(member)`` from the claim's own
+    ``claim_margin``, which the test has already; see :func:`_weakest_refuted_sigma`)."""
     if claim.mu is not None:
         upper = max(_MU_MAX, 2 * claim.mu) if math.isfinite(claim.mu) else _MU_MAX
         mu = largest_refuted_mu(upper)
@@ -384,7 +389,7 @@ def _family_outcome(
         epsilon = float(_gdp_epsilon(np.array(mu), delta))
     else:
         mu = None
-        sigma = _weakest_refuted_sigma(claim, margin)
+        sigma = _weakest_refuted_sigma(claim, margin, claim_margin)
         epsilon = 0.0 if math.isinf(sigma) else claim.with_noise(sigma).epsilon(delta)
     return CurveTest(
         refuted=refuted,
@@ -477,11 +482,12 @@ def _refutes(claim: ClaimedMechanism, m, r, v, level) -> bool:
     return bool(np.any(mmc.rejected(m, r, v, level, claim.curve().inverse_complement)))
 
 
-def _weakest_refuted_sigma(claim: ClaimedMechanism, margin: Callable[[ClaimedMechanism], float]) -> float:
+def _weakest_refuted_sigma(claim: ClaimedMechanism, margin: Callable[[ClaimedMechanism], float], claim_margin: float) -> float:
     """The least σ whose member the counts refute, searched in log σ from the claim's σ.
 
     ``margin(member)`` is ≤ 0 exactly where the member is refuted and falls as σ grows (more noise, a stronger
-    claim): the decades of the member's p-value below the level, or ±1 where only the decision is known.
+    claim): the decades of the member's p-value below the level, or ±1 where only the decision is known;
+    ``claim_margin`` is the claim's own, which the caller's test has already (unused for a claim without noise).
     Starts at the claim (σ = 1 for a claim without noise), halves or doubles σ, within a factor
     _SIGMA_SPAN of the start, to bracket the crossing, then narrows the bracket to _SIGMA_TOLERANCE and
     returns its refuted end; ∞ when even the strongest member within reach is not refuted. When the weakest
@@ -499,7 +505,7 @@ def _weakest_refuted_sigma(claim: ClaimedMechanism, margin: Callable[[ClaimedMec
     def margin_at(sigma: float) -> float:
         return max(margin(claim.with_noise(sigma)), -_MARGIN_FLOOR)
 
-    f_start = margin_at(start)  # the claim's own margin (its curve is built already), or σ = 1's
+    f_start = max(claim_margin, -_MARGIN_FLOOR) if claim.noise_multiplier > 0 else margin_at(start)
     if f_start <= 0:
         hi, f_hi, lo = start, f_start, start / 2  # hi refuted; halve until lo is not
         while (f_lo := margin_at(lo)) <= 0:

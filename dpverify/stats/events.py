@@ -384,15 +384,15 @@ def _profile_deltas(pld: Any, epsilons: np.ndarray) -> np.ndarray:
     p_j (1 - e^{\varepsilon - \ell_j})`, dp_accounting's own sum, here from suffix sums over the losses
     (its ``get_delta_for_epsilon`` walks every loss in Python, a third of a second a curve). The pmf
     attributes read are the same in dp_accounting 0.4 and 0.6."""
+
+    def suffix_sums(values: np.ndarray) -> np.ndarray:
+        return np.append(np.cumsum(values[::-1])[::-1], 0.0)
+
     pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
     deltas = []
     for pmf in (pmf.to_dense_pmf() for pmf in pmfs):
         losses = (np.arange(pmf.size) + pmf._lower_loss) * pmf._discretization
         above = np.searchsorted(losses, epsilons, side="right")  # the first loss above each ε
-
-        def suffix_sums(values: np.ndarray) -> np.ndarray:
-            return np.append(np.cumsum(values[::-1])[::-1], 0.0)
-
         upper, lower = suffix_sums(pmf._probs), suffix_sums(pmf._probs * np.exp(-losses))
         deltas.append(pmf._infinity_mass + upper[above] - np.exp(epsilons) * lower[above])
     return np.max(deltas, axis=0)
