@@ -6,7 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dpverify.stats import mmc
+from dpverify.stats.bounds import _gdp_inverse
 from dpverify.stats.curves import (
+    _RUN_DECADES,
     ClaimedRun,
     combined_curve_test,
     combined_refutes,
@@ -80,6 +83,22 @@ def test_null_simulation_refutes_at_most_the_level(claim, draw_scores, seed):
     assumes independence within a run. The Clopper–Pearson 99.9 % upper limit on the rate stays at most 5 %."""
     counts, correct = simulate_runs(draw_scores, seed)
     assert false_rejection_upper_limit(combined_rejections(claim, counts, correct)) <= LEVEL
+
+
+def test_run_decades_are_the_largest_rejected_grid_point():
+    """The bisection on the grid gives what testing every grid point gives: the largest x whose τ = 10^(−x) the
+    recursion rejects (0 when none), over counts from nothing right to every guess right, and curves from
+    hopeless to unrefutable (μ 0.05 to 8)."""
+    rng = np.random.default_rng(5)
+    m = 2500.0
+    guesses = rng.integers(1, 2501, size=3000).astype(float)
+    correct = np.floor(guesses * rng.uniform(0.4, 1.0, size=guesses.size))
+    mu = rng.choice([0.05, 0.5, 1.0, 2.0, 8.0], size=guesses.size)
+    every_point = mmc.rejected(m, guesses[:, None], correct[:, None], 10.0**-_RUN_DECADES, _gdp_inverse, mu[:, None])
+    every_point = every_point.reshape(guesses.size, _RUN_DECADES.size)
+    expected = np.max(np.where(every_point, _RUN_DECADES, 0.0), axis=1)
+    assert 0.0 < np.mean(expected == 0.0) < 0.9 and np.any(expected == _RUN_DECADES[-1])  # the extremes occur
+    np.testing.assert_array_equal(run_decades(m, guesses, correct, _gdp_inverse, mu), expected)
 
 
 def test_combining_runs_catches_a_deficit_that_one_pooled_recursion_misses():
