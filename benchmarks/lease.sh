@@ -4,7 +4,8 @@
 # measurements (benchmarks/gpu.sh) and the false-alarm audits of the gate's designs on the machine's cores
 # (benchmarks/false_alarms_gate.py, CPU training, one process a core; SEEDS 0 leaves them out). Writes under $1.
 #   Prepare here: pip wheel --no-deps . -w .whl (and of opacus-dpcr's and dpcrpy's sdists: pure Python), and
-#   `pip download --no-deps` of opacus, dp-accounting, jax-privacy, keras and the needs the machine lacks for its Python (see profiles-cuda.md's last section).
+#   `pip download --no-deps` of opacus, dp-accounting, jax-privacy, keras and the needs the machine lacks for
+#   its Python (see profiles-cuda.md's last section).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/lease.sh OUT_FOLDER [SEEDS]}
