@@ -2,13 +2,13 @@
 # The device measurements: the gpu profile, then what the quick profile (the main job's) audits on CUDA: each
 # Opacus path with its every-update audit and layer designs, a formula-breaking variant of each design, the
 # language models, JAX-Privacy's core and Keras paths with theirs, and the correlated-noise mechanisms
-# (Opacus-DPCR's tree aggregation, JAX-Privacy's BandMF plan and dense matrix factorization) with their
-# variants. Run on a machine with CUDA where dpverify and opacus are importable (and jax_privacy with keras
-# for the JAX steps, opacus_dpcr for the DPCR step; each is skipped, saying so, without them). Writes each step's table and log to $1 (default benchmarks/results/cuda) as <step>.log and
-# <step>.json (the audits' report). Each step has its own time limit so that one slow step leaves the others'
-# results. The paper profile (`--profile paper`) and the fixed-batch world are left out: the first is unchanged
-# since its measurement in profiles-cuda.md, the second trains a model far too small for a GPU (about 10 s an
-# audit on CUDA as on the CPU, same file).
+# (Opacus-DPCR's tree aggregation, JAX-Privacy's BandMF plan and dense matrix factorization) with their variants.
+# Run on a machine with CUDA where dpverify and opacus are importable (and jax_privacy with keras for the JAX
+# steps, opacus_dpcr for the DPCR step; each is skipped, saying so, without them). Writes each step's table and log
+# to $1 (default benchmarks/results/cuda) as <step>.log and <step>.json (the audits' report). Each step has its own
+# time limit so that one slow step leaves the others' results. The paper profile (`--profile paper`) and the
+# fixed-batch world are left out: the first is unchanged since its measurement in profiles-cuda.md, the second
+# trains a model far too small for a GPU (about 10 s an audit on CUDA as on the CPU, same file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/cuda}
